@@ -1,0 +1,91 @@
+"""Canonical bytes, timestamps and receipt digests.
+
+Canonical bytes are msgspec JSON with sorted keys and no whitespace. One module-level encoder makes
+them, so the bytes an event is stored as are always the bytes it is hashed as, and verification never
+re-encodes. Floats are refused: a value that is not an integer has no single canonical spelling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from .errors import InvalidInputError
+
+_ENCODER = msgspec.json.Encoder(order="sorted")
+
+# The latest instant a timestamp may name; beyond it ISO-8601 needs more than four year digits.
+MAX_EPOCH_MS = 253_402_300_799_999
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """The canonical JSON bytes of `value`: sorted keys, no whitespace, no floats."""
+    _refuse_floats(value)
+    return _ENCODER.encode(value)
+
+
+def _refuse_floats(value: Any) -> None:
+    if isinstance(value, float):
+        raise InvalidInputError("value", f"canonical JSON holds integers only, got float {value!r}")
+    if isinstance(value, dict):
+        for item in value.values():
+            _refuse_floats(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _refuse_floats(item)
+
+
+def receipt_digest(domain: str, material: Any) -> str:
+    """A receipt digest as the seed computes it: ``sha256:`` over a domain string and canonical JSON.
+
+    The domain string ends in NUL, so no receipt of one kind can be replayed as another kind.
+    """
+    digest = hashlib.sha256()
+    digest.update(domain.encode())
+    digest.update(canonical_bytes(material))
+    return "sha256:" + digest.hexdigest()
+
+
+def iso_ms(epoch_ms: int) -> str:
+    """Epoch milliseconds as ISO-8601 UTC with milliseconds and ``Z`` (JavaScript's ``toISOString``)."""
+    seconds, millis = divmod(epoch_ms, 1000)
+    moment = datetime.fromtimestamp(seconds, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S") + f".{millis:03d}Z"
+
+
+def parse_iso_ms(value: str) -> int:
+    """Epoch milliseconds of an ISO-8601 timestamp that names its offset; raises ValueError otherwise."""
+    text = value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        raise ValueError("timestamp has no UTC offset")
+    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def timestamp(value: object, field: str) -> str:
+    """Normalize an input timestamp (ISO string or aware datetime) to the canonical ISO form.
+
+    Naive datetimes and strings with no offset are refused: a runner's authority must not depend on
+    the local time zone of whoever wrote the value.
+    """
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidInputError(field, f"{field} is invalid: a naive datetime has no time zone")
+        millis = math.floor(value.timestamp() * 1000)
+    elif isinstance(value, str):
+        if len(value) > 64 or not value.isascii():
+            raise InvalidInputError(field, f"{field} is invalid: not an ISO-8601 timestamp")
+        try:
+            millis = parse_iso_ms(value)
+        except (ValueError, OverflowError):
+            raise InvalidInputError(field, f"{field} is invalid: {value!r} is not an ISO-8601 UTC timestamp") from None
+    else:
+        raise InvalidInputError(field, f"{field} is invalid: expected an ISO-8601 string or aware datetime")
+    if not 0 <= millis <= MAX_EPOCH_MS:
+        raise InvalidInputError(field, f"{field} is invalid: {value!r} is out of range")
+    return iso_ms(millis)

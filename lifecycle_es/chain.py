@@ -1,0 +1,79 @@
+"""The hash chain: framing, genesis, links and key ids.
+
+``hash = blake3(DOMAIN || prev || frame(seq, stream, version, type, at, body))``. Every field of the
+frame is length-prefixed (integers as 8 bytes, byte strings behind an 8-byte length), so no two field
+lists frame alike. The ``prev`` of seq 1 is derived from the store's random id, so an event cannot be
+spliced from one store into another. In keyed mode every hash is blake3's keyed hash under a 32-byte
+key: whoever edits the file without the key cannot forge a chain that verifies.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import blake3
+
+EVENT_DOMAIN = b"lifecycle-es/event/v1\x00"
+GENESIS_DOMAIN = b"lifecycle-es/genesis/v1\x00"
+SEAL_DOMAIN = b"lifecycle-es/seal/v1\x00"
+KEY_ID_CONTEXT = "lifecycle-es 2026-12 key id v1"
+KEY_BYTES = 32
+HASH_BYTES = 32
+
+_U64 = struct.Struct(">Q")
+
+
+def frame(seq: int, stream: str, version: int, type_: str, at: str, body: bytes) -> bytes:
+    """The length-prefixed framing of one event's fields (everything the hash covers but ``prev``)."""
+    stream_b = stream.encode()
+    type_b = type_.encode()
+    at_b = at.encode()
+    return b"".join(
+        (
+            _U64.pack(seq),
+            _U64.pack(len(stream_b)),
+            stream_b,
+            _U64.pack(version),
+            _U64.pack(len(type_b)),
+            type_b,
+            _U64.pack(len(at_b)),
+            at_b,
+            _U64.pack(len(body)),
+            body,
+        )
+    )
+
+
+def _hasher(key: bytes | None) -> blake3.blake3:
+    return blake3.blake3(key=key) if key is not None else blake3.blake3()
+
+
+def link(prev: bytes, seq: int, stream: str, version: int, type_: str, at: str, body: bytes,
+         key: bytes | None = None) -> bytes:
+    """The hash of one event, given the hash of the event before it."""
+    hasher = _hasher(key)
+    hasher.update(EVENT_DOMAIN)
+    hasher.update(prev)
+    hasher.update(frame(seq, stream, version, type_, at, body))
+    return hasher.digest()
+
+
+def genesis(store_id: bytes, key: bytes | None = None) -> bytes:
+    """The ``prev`` of seq 1: a hash of the store's random id."""
+    hasher = _hasher(key)
+    hasher.update(GENESIS_DOMAIN)
+    hasher.update(store_id)
+    return hasher.digest()
+
+
+def key_id(key: bytes) -> str:
+    """A public identifier of a key (derived, one-way): what the store keeps instead of the key."""
+    return blake3.blake3(key, derive_key_context=KEY_ID_CONTEXT).hexdigest()[:32]
+
+
+def seal_mac(key: bytes | None, payload: bytes) -> str:
+    """The MAC (keyed) or checksum (unkeyed) of a seal file's payload, hex."""
+    hasher = _hasher(key)
+    hasher.update(SEAL_DOMAIN)
+    hasher.update(payload)
+    return hasher.hexdigest()

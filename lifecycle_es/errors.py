@@ -1,0 +1,135 @@
+"""Every error lifecycle-es raises, under one root.
+
+    LifecycleError
+    ├── InvalidInputError (also ValueError)      a value a caller passed is malformed or out of bounds
+    ├── StaleFenceError                          a generation, lease or state fence no longer holds
+    ├── AuthorityError                           a proxy authority that is not fresh, drifted or rolled back
+    ├── PreflightError                           the base directory is not a writable real directory
+    ├── IntegrityError                           the log is not what the chain and the rules say it must be
+    └── StoreError                               the event store could not do what was asked
+        ├── StorePragmaError                     a connection setting did not read back as set
+        ├── StoreFormatError                     the file is not a lifecycle-es store, or is from a newer schema
+        ├── StoreBusyError (also TimeoutError)   the write lock was not had within busy_timeout
+        ├── ConcurrencyError                     expected_version did not match the stream
+        ├── StoreFencedError                     the store was fenced; nothing is retried on it
+        ├── StoreBehindSealError                 the log's head is behind the seal taken earlier
+        ├── StoreKeyError                        a keyed store opened with no key or the wrong key
+        ├── StoreFullError                       the disk is full
+        └── StoreIOError                         the operating system failed a read or a write
+
+Errors carry fields (seq, stream, expected, actual), not only a message, and a message never holds a
+secret. Exit codes for processes that stop on these errors follow sysexits: EXIT_DATAERR for data
+that is wrong, EXIT_SOFTWARE for a state no retry can fix, EXIT_FENCED and EXIT_HELD for a fence and
+a lock held elsewhere.
+"""
+
+from __future__ import annotations
+
+EXIT_DATAERR = 65
+EXIT_SOFTWARE = 70
+EXIT_FENCED = 75
+EXIT_HELD = 76
+
+
+class LifecycleError(Exception):
+    """The root of every error lifecycle-es raises."""
+
+
+class InvalidInputError(LifecycleError, ValueError):
+    """A value passed by a caller is malformed or out of bounds; nothing was appended.
+
+    `field` names the argument (dotted for a nested one, e.g. ``proxy_authority.revision``).
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+class StaleFenceError(LifecycleError):
+    """A generation, lease or state fence no longer holds: someone else moved the runner on."""
+
+
+class AuthorityError(LifecycleError):
+    """A proxy authority that is not fresh, whose identity drifted, or whose revision rolled back."""
+
+
+class PreflightError(LifecycleError):
+    """The runner's base directory is not a real, writable directory."""
+
+
+class IntegrityError(LifecycleError):
+    """The log is not what the chain and the transition rules say it must be.
+
+    `seq` is the first bad event's global sequence number (0 when the fault is not tied to one event),
+    `stream` its stream when known, and `reason` says what was wrong.
+    """
+
+    def __init__(self, seq: int, reason: str, *, stream: str | None = None) -> None:
+        self.seq = seq
+        self.reason = reason
+        self.stream = stream
+        where = f"seq {seq}" + (f" (stream {stream!r})" if stream is not None else "")
+        super().__init__(f"integrity failure at {where}: {reason}")
+
+
+class StoreError(LifecycleError):
+    """The event store could not do what was asked."""
+
+
+class StorePragmaError(StoreError):
+    """A pragma of the connection profile did not read back as it was set."""
+
+    def __init__(self, pragma: str, wanted: object, got: object) -> None:
+        self.pragma = pragma
+        self.wanted = wanted
+        self.got = got
+        super().__init__(f"pragma {pragma} did not take: wanted {wanted!r}, got {got!r}")
+
+
+class StoreFormatError(StoreError):
+    """The file is not a lifecycle-es store (foreign, corrupt) or was written by a newer schema."""
+
+
+class StoreBusyError(StoreError, TimeoutError):
+    """The write lock was not had within the store's busy timeout."""
+
+
+class ConcurrencyError(StoreError):
+    """`expected_version` did not match the stream's version; nothing was appended."""
+
+    def __init__(self, stream: str, expected: int, actual: int) -> None:
+        self.stream = stream
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"stream {stream!r} is at version {actual}, expected {expected}")
+
+
+class StoreFencedError(StoreError):
+    """The store was fenced (by `fence()` or a file replaced underneath it); nothing is retried on it."""
+
+    def __init__(self, cause: str) -> None:
+        self.cause = cause
+        super().__init__(f"the store is fenced: {cause}")
+
+
+class StoreBehindSealError(StoreError):
+    """The log's head is behind the seal taken earlier: rolled back to an old copy or truncated."""
+
+    def __init__(self, reason: str, *, sealed_seq: int, head_seq: int) -> None:
+        self.reason = reason
+        self.sealed_seq = sealed_seq
+        self.head_seq = head_seq
+        super().__init__(f"store is behind its seal (sealed at seq {sealed_seq}, head {head_seq}): {reason}")
+
+
+class StoreKeyError(StoreError):
+    """A keyed store was opened or verified without its key, or with a different one."""
+
+
+class StoreFullError(StoreError):
+    """The disk (or the file system's quota) is full; the write was rolled back."""
+
+
+class StoreIOError(StoreError):
+    """The operating system failed a read or a write of the store; the write was rolled back."""

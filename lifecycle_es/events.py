@@ -1,0 +1,227 @@
+"""The facts of the log: one frozen, explicitly tagged msgspec Struct per kind of event.
+
+The tag is the event's ``type`` column and is written into its body, so a class rename never changes
+stored bytes or hashes. Schema evolution follows msgspec's rules: a new field gets a default and goes
+at the end; an existing field never changes type.
+
+Lifecycle events carry the runner generation they leave behind (``generation``) so a replay can check
+every fence, and the proxy authority they were decided on so a replay can check its freshness at the
+event's ``at``. Unit events are the host driver's side effects on the runner's stream: an intent
+(``UnitStarting``) before the side effect, an outcome after.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from .canonical import canonical_bytes
+from .errors import InvalidInputError
+from .values import ProxyAuthority, Resources
+
+RUNNER_SCHEMA = "cc-execution-location-runner-lifecycle/v1"
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every event; subclasses name their tag explicitly."""
+
+
+# --- runner lifecycle -------------------------------------------------------------------------------
+
+
+class RunnerInitialized(Event, tag="RunnerInitialized"):
+    """A runner came into being: accepting, generation 1, policy revision 1, proxy unbound."""
+
+    schema: str
+    runner_id: str
+    target: str
+    base_dir: str
+    resources: Resources
+    post_session_hook_digest: str
+
+
+class LeaseAcquired(Event, tag="LeaseAcquired"):
+    """A session took a lease at the runner's current generation, under a fresh proxy authority."""
+
+    lease_id: str
+    session_id: str
+    lease_generation: int
+    issued_at: str
+    expires_at: str
+    proxy_authority: ProxyAuthority
+
+
+class ProxyRotated(Event, tag="ProxyRotated"):
+    """The proxy authority moved to a newer revision; generation and policy revision +1."""
+
+    proxy_authority: ProxyAuthority
+    generation: int
+    policy_revision: int
+
+
+class DrainRequested(Event, tag="DrainRequested"):
+    """The runner stops accepting and asks its units to finish by a deadline; generation +1."""
+
+    signal: str
+    requested_at: str
+    deadline_at: str
+    generation: int
+
+
+class LeaseSettled(Event, tag="LeaseSettled"):
+    """A lease ended with a result."""
+
+    lease_id: str
+    lease_generation: int
+    result_digest: str
+
+
+class LeaseParked(Event, tag="LeaseParked"):
+    """A lease ended without finishing its work, for one of the seed's three reasons."""
+
+    lease_id: str
+    lease_generation: int
+    result_digest: str
+    reason: str
+
+
+class DrainExpired(Event, tag="DrainExpired"):
+    """The drain deadline passed: every lease still active is parked (no result digest)."""
+
+    lease_ids: tuple[str, ...]
+    deadline_at: str
+
+
+class RunnerParked(Event, tag="RunnerParked"):
+    """The runner holds no active lease and is parked; generation +1.
+
+    ``cause`` says which fact made it so: ``drain-settled``, ``lease-parked``, ``drain-expired`` or
+    ``drain-idle`` (a drain requested with no active lease).
+    """
+
+    cause: str
+    generation: int
+
+
+class ReclaimBegun(Event, tag="ReclaimBegun"):
+    """A parked runner is being reclaimed under a newer proxy revision; generation +1."""
+
+    proxy_authority: ProxyAuthority
+    generation: int
+
+
+class ReclaimCompleted(Event, tag="ReclaimCompleted"):
+    """The runner accepts again; generation +1."""
+
+    generation: int
+
+
+class HookAuthorized(Event, tag="HookAuthorized"):
+    """The post-session hook of an ended lease was authorized; the receipt digest is recorded."""
+
+    lease_id: str
+    lease_generation: int
+    runner_generation: int
+    result_digest: str
+    hook_digest: str
+    receipt_digest: str
+
+
+# --- host driver side effects -----------------------------------------------------------------------
+
+
+class UnitRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a unit runs and how to find it again: mode, host, boot, and the pid or the unit name."""
+
+    mode: str
+    host: str
+    boot_id: str
+    run_dir: str
+    pid: int | None = None
+    start_ticks: int | None = None
+    unit: str | None = None
+
+
+class UnitStarting(Event, tag="UnitStarting"):
+    """Intent: the host is about to start a unit for this lease (recorded before the side effect)."""
+
+    lease_id: str
+    lease_generation: int
+    mode: str
+    run_dir: str
+
+
+class UnitStarted(Event, tag="UnitStarted"):
+    """A unit for this lease is running; the record finds it again after a host restart."""
+
+    lease_id: str
+    lease_generation: int
+    handle: UnitRecord
+
+
+class UnitSignalled(Event, tag="UnitSignalled"):
+    """The host sent a signal to the unit (drain's SIGTERM, the deadline's SIGKILL)."""
+
+    lease_id: str
+    signal: str
+    reason: str
+
+
+class UnitExited(Event, tag="UnitExited"):
+    """The unit ended on its own: exit code or signal, and what the host made of it."""
+
+    lease_id: str
+    code: int | None
+    signal: str | None
+    outcome: str
+
+
+class UnitStopped(Event, tag="UnitStopped"):
+    """The host stopped the unit (its lease ended, the runner parked, or its work only waits)."""
+
+    lease_id: str
+    reason: str
+
+
+class UnitWakeRecorded(Event, tag="UnitWakeRecorded"):
+    """The unit's work only waits until ``wake_at`` (epoch ms); it is stopped and restarted then."""
+
+    lease_id: str
+    wake_at: int
+
+
+LIFECYCLE_EVENTS: tuple[type[Event], ...] = (
+    RunnerInitialized, LeaseAcquired, ProxyRotated, DrainRequested, LeaseSettled, LeaseParked,
+    DrainExpired, RunnerParked, ReclaimBegun, ReclaimCompleted, HookAuthorized,
+)
+UNIT_EVENTS: tuple[type[Event], ...] = (
+    UnitStarting, UnitStarted, UnitSignalled, UnitExited, UnitStopped, UnitWakeRecorded,
+)
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__struct_config__.tag: cls for cls in LIFECYCLE_EVENTS + UNIT_EVENTS  # type: ignore[misc]
+}
+
+_DECODER = msgspec.json.Decoder(Union[tuple(EVENT_TYPES.values())])  # type: ignore[valid-type]  # noqa: UP007
+
+
+def type_of(event: Event) -> str:
+    """The tag of an event: what its ``type`` column holds."""
+    return event.__struct_config__.tag  # type: ignore[return-value]
+
+
+def encode(event: Event) -> bytes:
+    """The canonical bytes of an event (stored and hashed as they are)."""
+    if not isinstance(event, Event):
+        raise InvalidInputError("events", f"events must be lifecycle_es events, got {type(event).__name__}")
+    return canonical_bytes(msgspec.to_builtins(event))
+
+
+def decode(body: bytes) -> Event:
+    """The event whose canonical bytes are `body`; raises msgspec.ValidationError / DecodeError."""
+    return _DECODER.decode(body)
+
+
+def as_dict(event: Event) -> dict[str, Any]:
+    """An event as plain builtins (what ``events --json`` prints)."""
+    return msgspec.to_builtins(event)  # type: ignore[no-any-return]

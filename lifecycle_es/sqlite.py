@@ -1,0 +1,393 @@
+"""The SQLite backend: the one module that speaks apsw.
+
+Everything SQLite-specific lives here behind `Backend` (see ``backend.py``): the schema and its
+migration ladder, the pragma profile (each setting a small named function, set and read back), the
+write transaction that always begins IMMEDIATE, and the translation of apsw errors into StoreError
+kinds, most specific first. A PostgreSQL backend implements the same interface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import apsw
+
+from .errors import (
+    StoreBusyError,
+    StoreError,
+    StoreFencedError,
+    StoreFormatError,
+    StoreFullError,
+    StoreIOError,
+    StorePragmaError,
+)
+
+APPLICATION_ID = 0x4C434553  # "LCES"
+SCHEMA_VERSION = 2
+DURABILITY = {"full": 2, "normal": 1}
+
+Row = tuple[int, str, int, str, str, bytes, bytes, bytes]
+ROW_COLUMNS = "seq, stream, version, type, at, body, prev, hash"
+
+# The migration ladder: MIGRATIONS[n] takes a store at user_version n-1 to n, in one transaction.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL) STRICT",
+        "CREATE TABLE events ("
+        " seq INTEGER PRIMARY KEY,"
+        " stream TEXT NOT NULL,"
+        " version INTEGER NOT NULL,"
+        " type TEXT NOT NULL,"
+        " at TEXT NOT NULL,"
+        " body BLOB NOT NULL,"
+        " prev BLOB NOT NULL,"
+        " hash BLOB NOT NULL,"
+        " UNIQUE (stream, version)) STRICT",
+        "CREATE TRIGGER events_no_update BEFORE UPDATE ON events"
+        " BEGIN SELECT RAISE(ABORT, 'events are append-only'); END",
+        "CREATE TRIGGER events_no_delete BEFORE DELETE ON events"
+        " BEGIN SELECT RAISE(ABORT, 'events are append-only'); END",
+    ),
+    2: (
+        "CREATE TABLE snapshots ("
+        " stream TEXT PRIMARY KEY,"
+        " version INTEGER NOT NULL,"
+        " seq INTEGER NOT NULL,"
+        " state BLOB NOT NULL,"
+        " event_hash BLOB NOT NULL) STRICT",
+    ),
+}
+
+
+@contextlib.contextmanager
+def translated(action: str) -> Iterator[None]:
+    """Translate apsw errors raised inside into StoreError kinds (the only place that does)."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except apsw.BusyError as exc:
+        raise StoreBusyError(f"{action}: the store is locked by another writer (busy timeout passed)") from exc
+    except apsw.FullError as exc:
+        raise StoreFullError(f"{action}: the disk is full") from exc
+    except (apsw.NotADBError, apsw.CorruptError) as exc:
+        raise StoreFormatError(f"{action}: the file is not a valid SQLite database ({exc})") from exc
+    except apsw.ReadOnlyError as exc:
+        raise StoreIOError(f"{action}: the store is read-only ({exc})") from exc
+    except (apsw.IOError, apsw.CantOpenError, apsw.PermissionsError) as exc:
+        raise StoreIOError(f"{action}: {exc}") from exc
+    except apsw.ConstraintError as exc:
+        raise StoreError(f"{action}: constraint refused the write ({exc})") from exc
+    except apsw.Error as exc:
+        raise StoreError(f"{action}: {exc}") from exc
+
+
+def check_path(path: str) -> bool:
+    """Whether `path` exists as a regular file; refuse links, directories and devices."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(path) or "."
+        if not os.path.isdir(parent):
+            raise StoreIOError(f"cannot create store {path!r}: directory {parent!r} does not exist") from None
+        return False
+    except OSError as exc:
+        raise StoreIOError(f"cannot open store {path!r}: {exc.strerror}") from exc
+    if stat.S_ISLNK(info.st_mode):
+        raise StoreFormatError(f"store path {path!r} is a symbolic link; open the file it names instead")
+    if stat.S_ISDIR(info.st_mode):
+        raise StoreFormatError(f"store path {path!r} is a directory, not a store file")
+    if not stat.S_ISREG(info.st_mode):
+        raise StoreFormatError(f"store path {path!r} is not a regular file")
+    if info.st_size == 0:
+        raise StoreFormatError(f"store file {path!r} is empty: not a lifecycle-es store")
+    return True
+
+
+# --- the pragma profile: each setting a small named function, read back after it is set -------------
+
+
+def _pragma(conn: apsw.Connection, name: str) -> Any:
+    return conn.execute(f"PRAGMA {name}").fetchall()[0][0]
+
+
+def _expect(conn: apsw.Connection, name: str, wanted: Any) -> None:
+    got = _pragma(conn, name)
+    if got != wanted:
+        raise StorePragmaError(name, wanted, got)
+
+
+def set_journal_mode_wal(conn: apsw.Connection) -> None:
+    """WAL: readers never block the writer, and a commit is one append to the -wal file."""
+    got = conn.execute("PRAGMA journal_mode=wal").fetchall()[0][0]
+    if str(got).lower() != "wal":
+        raise StorePragmaError("journal_mode", "wal", got)
+
+
+def set_synchronous(conn: apsw.Connection, durability: str) -> None:
+    """FULL syncs the WAL on every commit; NORMAL may lose the last commits on power loss (not on a crash)."""
+    conn.execute(f"PRAGMA synchronous={DURABILITY[durability]}")
+    _expect(conn, "synchronous", DURABILITY[durability])
+
+
+def set_foreign_keys(conn: apsw.Connection) -> None:
+    """Foreign keys on, so read models that reference each other stay consistent."""
+    conn.execute("PRAGMA foreign_keys=ON")
+    _expect(conn, "foreign_keys", 1)
+
+
+def set_busy_timeout(conn: apsw.Connection, busy_timeout_ms: int) -> None:
+    """How long a writer waits for the lock before StoreBusyError."""
+    conn.set_busy_timeout(busy_timeout_ms)
+    _expect(conn, "busy_timeout", busy_timeout_ms)
+
+
+def set_trusted_schema_off(conn: apsw.Connection) -> None:
+    """A hostile file's schema may not call functions with side effects from views or triggers."""
+    conn.execute("PRAGMA trusted_schema=OFF")
+    _expect(conn, "trusted_schema", 0)
+
+
+def apply_profile(conn: apsw.Connection, *, durability: str, busy_timeout_ms: int) -> None:
+    """Set every pragma of the profile and read each one back; StorePragmaError on a mismatch."""
+    set_busy_timeout(conn, busy_timeout_ms)
+    set_trusted_schema_off(conn)
+    set_journal_mode_wal(conn)
+    set_synchronous(conn, durability)
+    set_foreign_keys(conn)
+
+
+class SqliteBackend:
+    """One apsw connection to one store file, with the write transaction and the queries the store needs."""
+
+    def __init__(self, path: str, *, durability: str, busy_timeout_ms: int, vfs: str | None = None) -> None:
+        self.path = path
+        self._vfs = vfs
+        exists = check_path(path)
+        if not exists:
+            self._create(path, vfs)
+        flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
+        with translated(f"open {path!r}"):
+            self.conn = apsw.Connection(path, flags=flags, vfs=vfs)
+        try:
+            with translated(f"open {path!r}"):
+                self._check_format()
+                apply_profile(self.conn, durability=durability, busy_timeout_ms=busy_timeout_ms)
+                self._migrate()
+                _expect(self.conn, "application_id", APPLICATION_ID)
+                _expect(self.conn, "user_version", SCHEMA_VERSION)
+        except BaseException:
+            self.conn.close()
+            raise
+        self.identity = self.file_identity()
+
+    @staticmethod
+    def _create(path: str, vfs: str | None) -> None:
+        """Create a new store atomically: built under a temporary name, then linked into place.
+
+        No one ever sees a half-made file at `path`, and two processes creating the same store at
+        once end with one of them opening the other's.
+        """
+        directory = os.path.dirname(os.path.abspath(path))
+        temp = os.path.join(directory, f".{os.path.basename(path)}.creating-{os.getpid()}-{os.urandom(4).hex()}")
+        try:
+            fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+            os.close(fd)
+        except OSError as exc:
+            raise StoreIOError(f"cannot create store {path!r}: {exc.strerror}") from exc
+        try:
+            with translated(f"create {path!r}"):
+                conn = apsw.Connection(temp, flags=apsw.SQLITE_OPEN_READWRITE, vfs=vfs)
+                try:
+                    conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                    conn.execute("PRAGMA journal_mode=delete")
+                    conn.execute("BEGIN IMMEDIATE")
+                    for version in range(1, SCHEMA_VERSION + 1):
+                        for statement in MIGRATIONS[version]:
+                            conn.execute(statement)
+                    conn.execute("INSERT INTO meta (key, value) VALUES ('store_id', ?)", (os.urandom(16),))
+                    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                    conn.execute("COMMIT")
+                finally:
+                    conn.close()
+            fd = os.open(temp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            with contextlib.suppress(FileExistsError):
+                os.link(temp, path)
+            _fsync_dir(directory)
+        except OSError as exc:
+            raise StoreIOError(f"cannot create store {path!r}: {exc.strerror}") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+
+    def _check_format(self) -> None:
+        app_id = _pragma(self.conn, "application_id")
+        if app_id != APPLICATION_ID:
+            raise StoreFormatError(
+                f"{self.path!r} is not a lifecycle-es store (application_id {app_id:#x}, expected {APPLICATION_ID:#x})"
+            )
+        version = _pragma(self.conn, "user_version")
+        if version > SCHEMA_VERSION:
+            raise StoreFormatError(
+                f"{self.path!r} has schema version {version}, newer than this library's {SCHEMA_VERSION}; upgrade"
+            )
+        if version < 1:
+            raise StoreFormatError(f"{self.path!r} has no lifecycle-es schema (user_version {version})")
+
+    def _migrate(self) -> None:
+        """Step user_version up the ladder inside one IMMEDIATE transaction."""
+        if _pragma(self.conn, "user_version") == SCHEMA_VERSION:
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            current = _pragma(self.conn, "user_version")
+            for version in range(current + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version]:
+                    self.conn.execute(statement)
+                self.conn.execute(f"PRAGMA user_version={version}")
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+
+    def file_identity(self) -> tuple[int, int]:
+        """(device, inode) of the store file, to notice a file replaced underneath the connection."""
+        try:
+            info = os.stat(self.path)
+        except OSError as exc:
+            raise StoreFencedError(f"store file {self.path!r} is gone ({exc.strerror})") from exc
+        return (info.st_dev, info.st_ino)
+
+    # --- transactions -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def write(self, action: str) -> Iterator[apsw.Connection]:
+        """A write transaction that begins IMMEDIATE (the lock is had before anything is read)."""
+        with translated(action):
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+            except BaseException:
+                if not self.conn.getautocommit():
+                    self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def read_tx(self, action: str) -> Iterator[apsw.Connection]:
+        """A read transaction: one consistent view of the log for several queries."""
+        with translated(action):
+            self.conn.execute("BEGIN DEFERRED")
+            try:
+                yield self.conn
+            finally:
+                if not self.conn.getautocommit():
+                    self.conn.execute("COMMIT")
+
+    # --- queries (callable inside or outside a transaction) ------------------------------------------
+
+    def meta(self, key: str) -> bytes | None:
+        """A value of the ``meta`` table."""
+        with translated("read meta"):
+            rows = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchall()
+        return rows[0][0] if rows else None
+
+    def set_meta(self, key: str, value: bytes) -> None:
+        """Insert a ``meta`` value (inside a write transaction)."""
+        self.conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def head(self) -> tuple[int, bytes | None, str | None]:
+        """(seq, hash, at) of the last event; (0, None, None) for an empty log. An index lookup."""
+        with translated("read head"):
+            rows = self.conn.execute("SELECT seq, hash, at FROM events ORDER BY seq DESC LIMIT 1").fetchall()
+        return rows[0] if rows else (0, None, None)
+
+    def stream_version(self, stream: str) -> int:
+        """The last version of a stream (0 when it has none). An index lookup."""
+        with translated("read stream version"):
+            rows = self.conn.execute("SELECT max(version) FROM events WHERE stream = ?", (stream,)).fetchall()
+        return rows[0][0] or 0
+
+    def insert(self, rows: Sequence[Row]) -> None:
+        """Insert event rows (inside a write transaction)."""
+        self.conn.executemany(f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def rows(self, *, after: int, stream: str | None, limit: int) -> list[Row]:
+        """Up to `limit` rows with seq > `after`, in seq order, optionally of one stream."""
+        with translated("read events"):
+            if stream is None:
+                cursor = self.conn.execute(
+                    f"SELECT {ROW_COLUMNS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit))
+            else:
+                # Versions rise with seq inside a stream, so the (stream, version) index gives seq order.
+                cursor = self.conn.execute(
+                    f"SELECT {ROW_COLUMNS} FROM events WHERE stream = ? AND seq > ? ORDER BY version LIMIT ?",
+                    (stream, after, limit))
+            return cursor.fetchall()
+
+    def stream_rows(self, stream: str, *, after_version: int, limit: int) -> list[Row]:
+        """Up to `limit` rows of one stream with version > `after_version`, in order."""
+        with translated("read stream"):
+            return self.conn.execute(
+                f"SELECT {ROW_COLUMNS} FROM events WHERE stream = ? AND version > ? ORDER BY version LIMIT ?",
+                (stream, after_version, limit)).fetchall()
+
+    def row_at(self, seq: int) -> Row | None:
+        """The row at `seq`, if any."""
+        with translated("read event"):
+            rows = self.conn.execute(f"SELECT {ROW_COLUMNS} FROM events WHERE seq = ?", (seq,)).fetchall()
+        return rows[0] if rows else None
+
+    def streams(self) -> list[str]:
+        """Every stream id, sorted."""
+        with translated("list streams"):
+            return [row[0] for row in self.conn.execute("SELECT DISTINCT stream FROM events ORDER BY stream")]
+
+    def data_version(self) -> int:
+        """SQLite's data_version: changes when another connection commits."""
+        with translated("read data_version"):
+            return int(_pragma(self.conn, "data_version"))
+
+    def snapshot(self, stream: str) -> tuple[int, int, bytes, bytes] | None:
+        """(version, seq, state, event_hash) of a stream's snapshot, if any."""
+        with translated("read snapshot"):
+            rows = self.conn.execute(
+                "SELECT version, seq, state, event_hash FROM snapshots WHERE stream = ?", (stream,)).fetchall()
+        return rows[0] if rows else None
+
+    def put_snapshot(self, stream: str, version: int, seq: int, state: bytes, event_hash: bytes) -> None:
+        """Insert or replace a stream's snapshot (inside a write transaction)."""
+        self.conn.execute(
+            "INSERT INTO snapshots (stream, version, seq, state, event_hash) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (stream) DO UPDATE SET version = excluded.version, seq = excluded.seq,"
+            " state = excluded.state, event_hash = excluded.event_hash",
+            (stream, version, seq, state, event_hash))
+
+    def clear_snapshots(self) -> None:
+        """Delete every snapshot (inside a write transaction); they are a cache the log rebuilds."""
+        self.conn.execute("DELETE FROM snapshots")
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one parameterized statement (read models use this inside the event transaction)."""
+        return self.conn.execute(sql, params).fetchall()
+
+    def close(self) -> None:
+        """Close the connection (SQLite checkpoints the WAL when the last connection closes)."""
+        with translated("close"):
+            self.conn.close()
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,511 @@
+"""The event store: a hash-chained, append-only log of events in one WAL-mode SQLite file.
+
+One file holds many streams (one per runner). Every event has a global ``seq`` (1..n, no gaps), a
+``version`` within its stream (1..n), a ``type`` (its tag), an ``at`` (ISO-8601 UTC, milliseconds),
+its canonical ``body`` bytes, and ``prev``/``hash`` links of the chain (see ``chain.py``).
+
+    with EventStore.open("runners.db") as store:
+        store.append("runner-1", [event], expected_version=0)
+        for recorded in store.read(stream="runner-1"):
+            print(recorded.seq, recorded.type, recorded.event)
+
+Appends run under the write lock taken up front (``BEGIN IMMEDIATE``): the head and the stream's
+version are read, the new rows chained and inserted, and every attached projector updates its read
+model, all in one transaction. A batch is all or nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import msgspec
+
+from . import chain
+from .backend import Backend, Row
+from .canonical import iso_ms
+from .errors import (
+    ConcurrencyError,
+    IntegrityError,
+    InvalidInputError,
+    StoreError,
+    StoreFencedError,
+    StoreKeyError,
+)
+from .events import Event, decode, encode, type_of
+from .seal import Seal, check_seal, read_seal, write_seal
+from .sqlite import DURABILITY, SqliteBackend
+from .values import safe_id, safe_int
+
+PAGE = 2000
+
+
+class RecordedEvent:
+    """One event as the log holds it: its place in the log, its bytes, its links, and the event.
+
+    ``event`` decodes ``body`` on first use (an unknown tag or a body that is not an event raises
+    IntegrityError then, naming the seq).
+    """
+
+    __slots__ = ("_event", "at", "body", "hash", "prev", "seq", "stream", "type", "version")
+
+    def __init__(self, seq: int, stream: str, version: int, type: str, at: str, body: bytes,
+                 prev: bytes, hash: bytes, event: Event | None = None) -> None:
+        self.seq = seq
+        self.stream = stream
+        self.version = version
+        self.type = type
+        self.at = at
+        self.body = body
+        self.prev = prev
+        self.hash = hash
+        self._event = event
+
+    @classmethod
+    def from_row(cls, row: Row) -> RecordedEvent:
+        """A recorded event from a backend row."""
+        return cls(*row)
+
+    @property
+    def event(self) -> Event:
+        """The decoded event object."""
+        if self._event is None:
+            try:
+                decoded = decode(self.body)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise IntegrityError(self.seq, f"body is not a valid event: {exc}", stream=self.stream) from None
+            if type_of(decoded) != self.type:
+                raise IntegrityError(self.seq, f"type column {self.type!r} differs from body tag "
+                                               f"{type_of(decoded)!r}", stream=self.stream)
+            self._event = decoded
+        return self._event
+
+    def row(self) -> Row:
+        """The event as a backend row."""
+        return (self.seq, self.stream, self.version, self.type, self.at, self.body, self.prev, self.hash)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RecordedEvent) and self.row() == other.row()
+
+    def __hash__(self) -> int:
+        return hash(self.hash)
+
+    def __repr__(self) -> str:
+        return f"RecordedEvent(seq={self.seq}, stream={self.stream!r}, version={self.version}, type={self.type!r})"
+
+
+class Head(NamedTuple):
+    """The last event of the log: its seq (0 for an empty log), hash and at."""
+
+    seq: int
+    hash: bytes
+    at: str | None
+
+
+class VerifyReport(NamedTuple):
+    """What `verify` proved: how many events, how many streams, and the head it reached."""
+
+    events: int
+    streams: int
+    head: Head
+
+
+class Projector(Protocol):
+    """Something that keeps a read model in step with the log, inside the event transaction."""
+
+    def catch_up(self, store: EventStore) -> None:
+        """Bring the read model up to the log's head (called inside the write transaction)."""
+        ...
+
+    def apply(self, store: EventStore, recorded: Sequence[RecordedEvent]) -> None:
+        """Apply newly appended events (called inside the write transaction, after the insert)."""
+        ...
+
+
+def _validate_key(key: object) -> bytes | None:
+    if key is None:
+        return None
+    if not isinstance(key, bytes | bytearray) or len(key) != chain.KEY_BYTES:
+        raise InvalidInputError("key", f"key must be {chain.KEY_BYTES} bytes")
+    return bytes(key)
+
+
+class EventStore:
+    """The durable, hash-chained event log. Open it with `EventStore.open`."""
+
+    def __init__(self, backend: Backend, *, key: bytes | None, now: Callable[[], int]) -> None:
+        self._backend = backend
+        self._now = now
+        self._fence: str | None = None
+        self._projectors: list[Projector] = []
+        self._local_commits = 0
+        store_id = backend.meta("store_id")
+        if store_id is None:
+            raise StoreError(f"{backend.path!r} has no store id")
+        self.store_id: bytes = store_id
+        stored_key_id = backend.meta("key_id")
+        self.key_id: str | None = stored_key_id.decode() if stored_key_id is not None else None
+        self._key = self._check_key(key)
+        self._genesis = chain.genesis(self.store_id, self._key) if self._key or not self.key_id else b""
+
+    # --- opening -------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, key: bytes | None = None, durability: str = "full",
+             busy_timeout_ms: int = 5000, now: Callable[[], int] | None = None, vfs: str | None = None,
+             seal: str | os.PathLike[str] | None = None) -> EventStore:
+        """Open the store at `path`, creating it (mode 0600) when it is missing.
+
+        `key`: 32 bytes; a store created with a key is keyed for life (its hashes are blake3 MACs),
+        and opening it with a different key raises StoreKeyError. Without the key a keyed store opens
+        read-only. `durability`: ``"full"`` (every commit is synced: nothing acknowledged is lost on
+        power loss) or ``"normal"`` (WAL synced at checkpoints: a power loss may lose the commits since
+        the last checkpoint, never corrupt the file; a process crash loses nothing). `busy_timeout_ms`:
+        how long a writer waits for the lock before StoreBusyError. `now`: epoch-ms clock for events'
+        ``at`` (default: the system clock). `vfs`: an SQLite VFS name (fault injection in tests).
+        `seal`: the seal file checked on open (default ``<path>.seal`` when it exists).
+        """
+        path = os.fspath(path)
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise InvalidInputError("path", f"path is invalid: {path!r}")
+        if durability not in DURABILITY:
+            raise InvalidInputError("durability", f"durability is invalid: {durability!r} (use 'full' or 'normal')")
+        safe_int(busy_timeout_ms, "busy_timeout_ms", 0, 3_600_000)
+        key = _validate_key(key)
+        if now is not None and not callable(now):
+            raise InvalidInputError("now", "now must be a callable returning epoch milliseconds")
+        backend = SqliteBackend(path, durability=durability, busy_timeout_ms=busy_timeout_ms, vfs=vfs)
+        try:
+            store = cls(backend, key=key, now=now or (lambda: time.time_ns() // 1_000_000))
+            seal_path = os.fspath(seal) if seal is not None else path + ".seal"
+            if seal is not None or os.path.exists(seal_path):
+                store.check_seal(seal_path)
+        except BaseException:
+            backend.close()
+            raise
+        return store
+
+    def _check_key(self, key: bytes | None) -> bytes | None:
+        if key is None:
+            return None
+        if self.key_id is None:
+            if self._backend.head()[0] > 0:
+                raise StoreKeyError("the store is not keyed: its events were hashed without a key")
+            with self._backend.write("record key id"):
+                if self._backend.meta("key_id") is None:
+                    self._backend.set_meta("key_id", chain.key_id(key).encode())
+            self.key_id = self._backend.meta("key_id").decode()  # type: ignore[union-attr]
+        if chain.key_id(key) != self.key_id:
+            raise StoreKeyError("wrong key: its key id differs from the one the store was created with")
+        return key
+
+    def __enter__(self) -> EventStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = f"fenced: {self._fence}" if self._fence else "open"
+        return f"EventStore({self.path!r}, {state}, keyed={self.key_id is not None})"
+
+    @property
+    def path(self) -> str:
+        """The store file's path."""
+        return self._backend.path
+
+    @property
+    def backend(self) -> Backend:
+        """The backend; read models run their SQL through it inside the event transaction."""
+        return self._backend
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the store's chain is keyed."""
+        return self.key_id is not None
+
+    @property
+    def now(self) -> Callable[[], int]:
+        """The store's epoch-ms clock."""
+        return self._now
+
+    # --- writing -------------------------------------------------------------------------------------
+
+    def attach(self, projector: Projector) -> None:
+        """Keep `projector`'s read model in the same transaction as every later append."""
+        with self._write("attach projector"):
+            projector.catch_up(self)
+        self._projectors.append(projector)
+
+    def fence(self, cause: str) -> None:
+        """Refuse every later write with StoreFencedError; nothing is retried on a fenced store."""
+        if self._fence is None:
+            self._fence = str(cause)
+
+    @property
+    def fenced(self) -> str | None:
+        """The fence's cause, or None."""
+        return self._fence
+
+    def transaction(self, action: str = "write") -> _WriteTransaction:
+        """A write transaction: read the head and streams under the lock, then append. All or nothing."""
+        return _WriteTransaction(self, action)
+
+    def _write(self, action: str) -> Any:
+        if self._fence is not None:
+            raise StoreFencedError(self._fence)
+        try:
+            identity = self._backend.file_identity()
+        except StoreFencedError as exc:
+            self.fence(str(exc))
+            raise StoreFencedError(self._fence or str(exc)) from None
+        if identity != self._backend.identity:  # type: ignore[attr-defined]
+            self.fence(f"store file {self.path!r} was replaced underneath this connection")
+            raise StoreFencedError(self._fence)  # type: ignore[arg-type]
+        return self._backend.write(action)
+
+    def append(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
+               at: str | None = None) -> list[RecordedEvent]:
+        """Append `events` to `stream` in one transaction and return them as recorded.
+
+        `expected_version`: the stream's version the caller decided against (0 for a new stream);
+        a mismatch raises ConcurrencyError and appends nothing. `at`: the events' timestamp (default:
+        the store's clock).
+        """
+        with self.transaction("append") as tx:
+            return tx.append(stream, events, expected_version=expected_version, at=at)
+
+    def _append(self, stream: str, events: Sequence[Event], expected_version: int | None,
+                at: str | None) -> list[RecordedEvent]:
+        safe_id(stream, "stream")
+        if isinstance(events, Event) or not isinstance(events, Sequence) or not events:
+            raise InvalidInputError("events", "events must be a non-empty sequence of events")
+        bodies = [(type_of(event), encode(event)) for event in events]
+        if expected_version is not None:
+            safe_int(expected_version, "expected_version")
+        if self.key_id is not None and self._key is None:
+            raise StoreKeyError("this keyed store was opened without its key: it is read-only")
+        at = at if at is not None else iso_ms(self._now())
+        backend = self._backend
+        version = backend.stream_version(stream)
+        if expected_version is not None and expected_version != version:
+            raise ConcurrencyError(stream, expected_version, version)
+        seq, prev, _ = backend.head()
+        prev = prev if prev is not None else self._genesis
+        rows: list[Row] = []
+        for (type_, body) in bodies:
+            seq += 1
+            version += 1
+            digest = chain.link(prev, seq, stream, version, type_, at, body, self._key)
+            rows.append((seq, stream, version, type_, at, body, prev, digest))
+            prev = digest
+        backend.insert(rows)
+        recorded = [RecordedEvent(*row, event=event) for row, event in zip(rows, events, strict=True)]
+        for projector in self._projectors:
+            projector.apply(self, recorded)
+        return recorded
+
+    # --- reading -------------------------------------------------------------------------------------
+
+    def read(self, *, after: int = 0, stream: str | None = None, limit: int | None = None) -> Iterator[RecordedEvent]:
+        """Events with seq > `after`, in order, optionally of one stream, at most `limit`.
+
+        Reads in pages, so memory stays flat however long the log, and no statement is left open
+        between yields.
+        """
+        safe_int(after, "after")
+        if stream is not None:
+            safe_id(stream, "stream")
+        if limit is not None:
+            safe_int(limit, "limit")
+        remaining = limit
+        while remaining is None or remaining > 0:
+            page = PAGE if remaining is None else min(PAGE, remaining)
+            rows = self._backend.rows(after=after, stream=stream, limit=page)
+            for row in rows:
+                yield RecordedEvent(*row)
+            if len(rows) < page:
+                return
+            after = rows[-1][0]
+            if remaining is not None:
+                remaining -= len(rows)
+
+    def read_stream(self, stream: str, *, after_version: int = 0) -> Iterator[RecordedEvent]:
+        """One stream's events with version > `after_version`, in order, in pages."""
+        safe_id(stream, "stream")
+        safe_int(after_version, "after_version")
+        while True:
+            rows = self._backend.stream_rows(stream, after_version=after_version, limit=PAGE)
+            for row in rows:
+                yield RecordedEvent(*row)
+            if len(rows) < PAGE:
+                return
+            after_version = rows[-1][2]
+
+    def event_at(self, seq: int) -> RecordedEvent | None:
+        """The event at `seq`, or None."""
+        row = self._backend.row_at(safe_int(seq, "seq"))
+        return RecordedEvent(*row) if row else None
+
+    def head(self) -> Head:
+        """The last event's seq, hash and at (seq 0 and the genesis link for an empty log)."""
+        seq, digest, at = self._backend.head()
+        return Head(seq, digest if digest is not None else self._genesis, at)
+
+    def stream_version(self, stream: str) -> int:
+        """The last version of `stream` (0 when it has no events)."""
+        return self._backend.stream_version(safe_id(stream, "stream"))
+
+    def streams(self) -> list[str]:
+        """Every stream id in the log, sorted."""
+        return self._backend.streams()
+
+    def follow(self, *, after: int = 0, poll_interval: float = 0.05, stream: str | None = None,
+               stop: threading.Event | None = None) -> Iterator[RecordedEvent]:
+        """Yield events after `after` as they are committed, by this or any other process.
+
+        Change detection is ``PRAGMA data_version`` (one cheap read per poll); the log is only read
+        when it moved. Stops when `stop` is set, or when the caller stops iterating.
+        """
+        if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not (
+                0 < poll_interval <= 3600):
+            raise InvalidInputError("poll_interval", f"poll_interval is invalid: {poll_interval!r} (0 < s <= 3600)")
+        last = safe_int(after, "after")
+        seen: tuple[int, int] | None = None
+        while stop is None or not stop.is_set():
+            marker = (self._backend.data_version(), self._local_commits)
+            if marker != seen:
+                seen = marker
+                for recorded in self.read(after=last, stream=stream):
+                    last = recorded.seq
+                    yield recorded
+                continue
+            if stop is not None:
+                stop.wait(poll_interval)
+            else:
+                time.sleep(poll_interval)
+
+    # --- proving -------------------------------------------------------------------------------------
+
+    def _verify_key(self, key: bytes | None) -> bytes | None:
+        key = _validate_key(key) if key is not None else self._key
+        if self.key_id is not None:
+            if key is None:
+                raise StoreKeyError("this store is keyed: verifying it needs its key")
+            if chain.key_id(key) != self.key_id:
+                raise StoreKeyError("wrong key: its key id differs from the one the store was created with")
+        elif key is not None:
+            raise StoreKeyError("the store is not keyed: its events were hashed without a key")
+        return key
+
+    def verify(self, *, key: bytes | None = None, seal: str | os.PathLike[str] | None = None,
+               progress: Callable[[int], None] | None = None) -> VerifyReport:
+        """Verify the whole chain in constant memory; IntegrityError names the first bad seq.
+
+        Checks seqs contiguous from 1, versions contiguous per stream, every ``prev`` link and every
+        hash (a MAC with the key, for a keyed store), then the seal when one is given.
+        """
+        key = self._verify_key(key)
+        with self._backend.read_tx("verify"):
+            prev = chain.genesis(self.store_id, key)
+            versions: dict[str, int] = {}
+            expected = 1
+            at: str | None = None
+            for recorded in self.read():
+                check_link(recorded, expected_seq=expected, prev=prev, key=key, versions=versions)
+                prev, at = recorded.hash, recorded.at
+                expected += 1
+                if progress is not None and expected % 10_000 == 0:
+                    progress(expected - 1)
+            report = VerifyReport(expected - 1, len(versions), Head(expected - 1, prev, at))
+        if seal is not None:
+            self.check_seal(seal, key=key)
+        return report
+
+    def seal(self, path: str | os.PathLike[str] | None = None) -> Seal:
+        """Write the head durably to a side file (default ``<db>.seal``, 0600, MAC'd when keyed).
+
+        A later open or audit whose head is behind the seal raises StoreBehindSealError: that catches a
+        rollback to an older copy and a truncated tail, which the chain alone cannot.
+        """
+        if self.key_id is not None and self._key is None:
+            raise StoreKeyError("sealing a keyed store needs its key")
+        head = self.head()
+        target = os.fspath(path) if path is not None else self.path + ".seal"
+        sealed = Seal(store_id=self.store_id.hex(), seq=head.seq, hash=head.hash.hex(),
+                      at=head.at or iso_ms(self._now()), key_id=self.key_id)
+        write_seal(target, sealed, self._key)
+        return sealed
+
+    def check_seal(self, path: str | os.PathLike[str], *, key: bytes | None = None) -> Seal:
+        """Check that the log has not fallen behind the seal at `path`; return the seal."""
+        sealed = read_seal(os.fspath(path), key if key is not None else self._key, self.key_id)
+        seq = sealed.seq
+        row = self._backend.row_at(seq) if seq > 0 else None
+        check_seal(sealed, store_id=self.store_id, head_seq=self.head().seq,
+                   hash_at_seq=row[7] if row else None)
+        return sealed
+
+    def close(self) -> None:
+        """Close the store; later calls fail."""
+        self._backend.close()
+
+
+def check_link(recorded: RecordedEvent, *, expected_seq: int, prev: bytes, key: bytes | None,
+               versions: dict[str, int]) -> None:
+    """Check one event against the chain: its seq, version, prev link and hash. IntegrityError if not."""
+    seq = recorded.seq
+    if seq != expected_seq:
+        raise IntegrityError(expected_seq, f"seq {seq} found where {expected_seq} was due (a gap or a reorder)",
+                             stream=recorded.stream)
+    wanted_version = versions.get(recorded.stream, 0) + 1
+    if recorded.version != wanted_version:
+        raise IntegrityError(seq, f"version {recorded.version} where {wanted_version} was due", stream=recorded.stream)
+    versions[recorded.stream] = wanted_version
+    if recorded.prev != prev:
+        raise IntegrityError(seq, "prev does not link to the hash of the event before it", stream=recorded.stream)
+    digest = chain.link(prev, seq, recorded.stream, recorded.version, recorded.type, recorded.at,
+                        recorded.body, key)
+    if digest != recorded.hash:
+        raise IntegrityError(seq, "hash does not match the event's contents", stream=recorded.stream)
+
+
+class _WriteTransaction:
+    """The write side's unit of work: decisions read state under the lock, then append."""
+
+    def __init__(self, store: EventStore, action: str) -> None:
+        self._store = store
+        self._action = action
+        self._context: Any = None
+
+    def __enter__(self) -> _WriteTransaction:
+        self._context = self._store._write(self._action)
+        self._context.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        result = self._context.__exit__(*exc)
+        if exc[0] is None:
+            self._store._local_commits += 1
+        return result
+
+    @property
+    def store(self) -> EventStore:
+        """The store this transaction writes to."""
+        return self._store
+
+    def stream_version(self, stream: str) -> int:
+        """The stream's version as of this transaction."""
+        return self._store._backend.stream_version(stream)
+
+    def read_stream(self, stream: str, *, after_version: int = 0) -> Iterable[RecordedEvent]:
+        """The stream's events after a version, as of this transaction."""
+        return self._store.read_stream(stream, after_version=after_version)
+
+    def append(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
+               at: str | None = None) -> list[RecordedEvent]:
+        """Append inside this transaction (it commits when the `with` block ends without error)."""
+        return self._store._append(stream, events, expected_version, at)

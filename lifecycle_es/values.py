@@ -1,0 +1,128 @@
+"""Value types and the validation of every value a caller can pass.
+
+Bounds are the seed's: ids ``^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,255}$``, digests ``^sha256:[a-f0-9]{64}$``,
+cpu_seconds 1..86400, memory_bytes 64 MiB..64 GiB. A refused value raises `InvalidInputError` naming
+the field and the value (cut short when long); booleans and floats are never integers here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from .canonical import timestamp
+from .errors import InvalidInputError
+
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,255}")
+DIGEST_RE = re.compile(r"sha256:[a-f0-9]{64}")
+TARGETS = ("local", "wsl", "ssh", "container")
+MAX_SAFE_INTEGER = 2**53 - 1
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+
+def shown(value: object) -> str:
+    """A value as an error message may show it: its repr, cut to 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def safe_id(value: object, field: str) -> str:
+    """An identifier within the seed's pattern, or InvalidInputError."""
+    if not isinstance(value, str) or ID_RE.fullmatch(value) is None:
+        raise InvalidInputError(field, f"{field} is invalid: {shown(value)} is not an id "
+                                       "(1-256 of A-Z a-z 0-9 . _ : @ + -, starting alphanumeric)")
+    return value
+
+
+def safe_digest(value: object, field: str) -> str:
+    """A ``sha256:<64 hex>`` digest, or InvalidInputError."""
+    if not isinstance(value, str) or DIGEST_RE.fullmatch(value) is None:
+        raise InvalidInputError(field, f"{field} is invalid: {shown(value)} is not sha256:<64 lowercase hex>")
+    return value
+
+
+def safe_int(value: object, field: str, minimum: int = 0, maximum: int = MAX_SAFE_INTEGER) -> int:
+    """An integer within [minimum, maximum]; bools, floats and strings are refused."""
+    if type(value) is not int:
+        raise InvalidInputError(field, f"{field} is invalid: {shown(value)} is not an integer")
+    if not minimum <= value <= maximum:
+        raise InvalidInputError(field, f"{field} is invalid: {value} is outside {minimum}..{maximum}")
+    return value
+
+
+def safe_target(value: object, field: str = "target") -> str:
+    """One of the seed's targets: local, wsl, ssh, container."""
+    if not isinstance(value, str) or value not in TARGETS:
+        raise InvalidInputError(field, f"runner {field} is invalid: {shown(value)} is not one of {', '.join(TARGETS)}")
+    return value
+
+
+def exact_mapping(value: object, fields: tuple[str, ...], field: str) -> Mapping[str, Any]:
+    """A mapping with exactly `fields` as keys (the seed's exactObject)."""
+    if not isinstance(value, Mapping):
+        raise InvalidInputError(field, f"{field} must be an object, got {type(value).__name__}")
+    if sorted(value.keys(), key=str) != sorted(fields):
+        raise InvalidInputError(field, f"{field} has an invalid schema: keys {sorted(map(str, value.keys()))}, "
+                                       f"expected {sorted(fields)}")
+    return value
+
+
+class Resources(msgspec.Struct, frozen=True, kw_only=True):
+    """A runner's resource limits: CPU seconds (1..86400) and memory bytes (64 MiB..64 GiB)."""
+
+    cpu_seconds: int
+    memory_bytes: int
+
+    def __post_init__(self) -> None:
+        safe_int(self.cpu_seconds, "resources.cpu_seconds", 1, 86_400)
+        safe_int(self.memory_bytes, "resources.memory_bytes", 64 * MIB, 64 * GIB)
+
+    @classmethod
+    def coerce(cls, value: object, field: str = "resources") -> Resources:
+        """A Resources from itself or from a mapping with exactly its two keys."""
+        if isinstance(value, Resources):
+            return cls(cpu_seconds=value.cpu_seconds, memory_bytes=value.memory_bytes)
+        data = exact_mapping(value, ("cpu_seconds", "memory_bytes"), field)
+        return cls(cpu_seconds=data["cpu_seconds"], memory_bytes=data["memory_bytes"])
+
+
+class ProxyAuthority(msgspec.Struct, frozen=True, kw_only=True):
+    """The proxy authority fronting a runner: its id, revision, and when it was issued and expires.
+
+    Timestamps are ISO-8601 UTC strings (aware datetimes are normalized to them); freshness is not a
+    property of the value but of the value at a time, so the lifecycle checks it against its clock.
+    """
+
+    id: str
+    revision: int
+    issued_at: str
+    expires_at: str
+
+    def __post_init__(self) -> None:
+        safe_id(self.id, "proxy_authority.id")
+        safe_int(self.revision, "proxy_authority.revision", 1)
+        # An aware datetime becomes the canonical string, so equal authorities compare and hash alike.
+        msgspec.structs.force_setattr(self, "issued_at", timestamp(self.issued_at, "proxy_authority.issued_at"))
+        msgspec.structs.force_setattr(self, "expires_at", timestamp(self.expires_at, "proxy_authority.expires_at"))
+
+    @classmethod
+    def coerce(cls, value: object, field: str = "proxy_authority") -> ProxyAuthority:
+        """A ProxyAuthority from itself or a mapping with exactly id, revision, issued_at, expires_at."""
+        if isinstance(value, ProxyAuthority):
+            data: Mapping[str, Any] = msgspec.structs.asdict(value)
+        else:
+            data = exact_mapping(value, ("id", "revision", "issued_at", "expires_at"), field)
+        return cls(
+            id=safe_id(data["id"], f"{field}.id"),
+            revision=safe_int(data["revision"], f"{field}.revision", 1),
+            issued_at=timestamp(data["issued_at"], f"{field}.issued_at"),
+            expires_at=timestamp(data["expires_at"], f"{field}.expires_at"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The authority as a plain dict with snake_case keys."""
+        return msgspec.structs.asdict(self)
