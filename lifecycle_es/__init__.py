@@ -1,8 +1,10 @@
 """lifecycle-es: the durable, auditable authority for execution-location runners.
 
-The write side: events, the hash-chained store, the runner lifecycle, receipts and errors.
+The write side: events, the hash-chained store, the runner lifecycle, receipts and errors. The read
+side lives in `projections`, the host driver in `hosts`; this package imports neither.
 """
 
+from .authority import assert_lease_authority, lifecycle_profile_from_lease
 from .errors import (
     EXIT_DATAERR,
     EXIT_FENCED,
@@ -26,27 +28,59 @@ from .errors import (
     StorePragmaError,
 )
 from .events import Event
+from .lifecycle import RunnerLifecycle, UnknownRunnerError
+from .receipts import (
+    BaseDirClaim,
+    DrainParkSnapshot,
+    HookReceipt,
+    LeaseAuthority,
+    LeaseParkSnapshot,
+    LeaseProfile,
+    LeaseReceipt,
+    LeaseRef,
+    PollResult,
+    PostSessionHook,
+    RunnerSnapshot,
+)
+from .runner import Drain, Lease, ProxyRef, RunnerCapacityError, RunnerState
 from .seal import Seal
 from .store import EventStore, Head, RecordedEvent, VerifyReport
 from .values import ProxyAuthority, Resources
 
-__all__ = sorted([
+__all__ = [
     "EXIT_DATAERR",
     "EXIT_FENCED",
     "EXIT_HELD",
     "EXIT_SOFTWARE",
     "AuthorityError",
+    "BaseDirClaim",
     "ConcurrencyError",
+    "Drain",
+    "DrainParkSnapshot",
     "Event",
     "EventStore",
     "Head",
+    "HookReceipt",
     "IntegrityError",
     "InvalidInputError",
+    "Lease",
+    "LeaseAuthority",
+    "LeaseParkSnapshot",
+    "LeaseProfile",
+    "LeaseReceipt",
+    "LeaseRef",
     "LifecycleError",
+    "PollResult",
+    "PostSessionHook",
     "PreflightError",
     "ProxyAuthority",
+    "ProxyRef",
     "RecordedEvent",
     "Resources",
+    "RunnerCapacityError",
+    "RunnerLifecycle",
+    "RunnerSnapshot",
+    "RunnerState",
     "Seal",
     "StaleFenceError",
     "StoreBehindSealError",
@@ -58,5 +92,8 @@ __all__ = sorted([
     "StoreIOError",
     "StoreKeyError",
     "StorePragmaError",
+    "UnknownRunnerError",
     "VerifyReport",
-])
+    "assert_lease_authority",
+    "lifecycle_profile_from_lease",
+]

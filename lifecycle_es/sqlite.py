@@ -161,23 +161,38 @@ def apply_profile(conn: apsw.Connection, *, durability: str, busy_timeout_ms: in
     set_foreign_keys(conn)
 
 
+def apply_read_profile(conn: apsw.Connection, *, busy_timeout_ms: int) -> None:
+    """The profile of a read-only connection: nothing is changed on the file, WAL must already be on."""
+    set_busy_timeout(conn, busy_timeout_ms)
+    set_trusted_schema_off(conn)
+    _expect(conn, "journal_mode", "wal")
+
+
 class SqliteBackend:
     """One apsw connection to one store file, with the write transaction and the queries the store needs."""
 
-    def __init__(self, path: str, *, durability: str, busy_timeout_ms: int, vfs: str | None = None) -> None:
+    def __init__(self, path: str, *, durability: str, busy_timeout_ms: int, vfs: str | None = None,
+                 read_only: bool = False) -> None:
         self.path = path
-        self._vfs = vfs
+        self.read_only = read_only
         exists = check_path(path)
         if not exists:
+            if read_only:
+                raise StoreIOError(f"store {path!r} does not exist")
             self._create(path, vfs)
-        flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
+        flags = apsw.SQLITE_OPEN_NOFOLLOW | (apsw.SQLITE_OPEN_READONLY if read_only else apsw.SQLITE_OPEN_READWRITE)
         with translated(f"open {path!r}"):
             self.conn = apsw.Connection(path, flags=flags, vfs=vfs)
         try:
             with translated(f"open {path!r}"):
                 self._check_format()
-                apply_profile(self.conn, durability=durability, busy_timeout_ms=busy_timeout_ms)
-                self._migrate()
+                if read_only:
+                    apply_read_profile(self.conn, busy_timeout_ms=busy_timeout_ms)
+                    if _pragma(self.conn, "user_version") != SCHEMA_VERSION:
+                        raise StoreFormatError(f"{path!r} needs a schema migration: open it read-write once")
+                else:
+                    apply_profile(self.conn, durability=durability, busy_timeout_ms=busy_timeout_ms)
+                    self._migrate()
                 _expect(self.conn, "application_id", APPLICATION_ID)
                 _expect(self.conn, "user_version", SCHEMA_VERSION)
         except BaseException:

@@ -33,6 +33,7 @@ from .errors import (
     InvalidInputError,
     StoreError,
     StoreFencedError,
+    StoreIOError,
     StoreKeyError,
 )
 from .events import Event, decode, encode, type_of
@@ -156,7 +157,7 @@ class EventStore:
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, key: bytes | None = None, durability: str = "full",
              busy_timeout_ms: int = 5000, now: Callable[[], int] | None = None, vfs: str | None = None,
-             seal: str | os.PathLike[str] | None = None) -> EventStore:
+             seal: str | os.PathLike[str] | None = None, read_only: bool = False) -> EventStore:
         """Open the store at `path`, creating it (mode 0600) when it is missing.
 
         `key`: 32 bytes; a store created with a key is keyed for life (its hashes are blake3 MACs),
@@ -166,7 +167,9 @@ class EventStore:
         the last checkpoint, never corrupt the file; a process crash loses nothing). `busy_timeout_ms`:
         how long a writer waits for the lock before StoreBusyError. `now`: epoch-ms clock for events'
         ``at`` (default: the system clock). `vfs`: an SQLite VFS name (fault injection in tests).
-        `seal`: the seal file checked on open (default ``<path>.seal`` when it exists).
+        `seal`: the seal file checked on open (default ``<path>.seal`` when it exists). `read_only`:
+        open an existing store without changing it (auditing, asserting lease authority); writes
+        then raise StoreIOError.
         """
         path = os.fspath(path)
         if not isinstance(path, str) or not path or "\0" in path:
@@ -177,7 +180,8 @@ class EventStore:
         key = _validate_key(key)
         if now is not None and not callable(now):
             raise InvalidInputError("now", "now must be a callable returning epoch milliseconds")
-        backend = SqliteBackend(path, durability=durability, busy_timeout_ms=busy_timeout_ms, vfs=vfs)
+        backend = SqliteBackend(path, durability=durability, busy_timeout_ms=busy_timeout_ms, vfs=vfs,
+                                read_only=bool(read_only))
         try:
             store = cls(backend, key=key, now=now or (lambda: time.time_ns() // 1_000_000))
             seal_path = os.fspath(seal) if seal is not None else path + ".seal"
@@ -257,6 +261,8 @@ class EventStore:
     def _write(self, action: str) -> Any:
         if self._fence is not None:
             raise StoreFencedError(self._fence)
+        if getattr(self._backend, "read_only", False):
+            raise StoreIOError(f"{action}: the store {self.path!r} was opened read-only")
         try:
             identity = self._backend.file_identity()
         except StoreFencedError as exc:

@@ -1,0 +1,88 @@
+"""Lease profiles and the lease authority check a session runs against the log.
+
+`lifecycle_profile_from_lease(receipt)` cuts the profile a session carries from its lease receipt.
+`assert_lease_authority(profile, target)` opens the authority file the profile names, read-only,
+rebuilds the runner from its events and checks that the profile still holds: the seed's
+``assertExecutionLocationRunnerLeaseAuthority``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+
+from .canonical import MAX_EPOCH_MS, parse_iso_ms
+from .errors import InvalidInputError, LifecycleError, StaleFenceError
+from .receipts import LeaseAuthority, LeaseProfile, LeaseReceipt, LeaseRef
+from .replay import load
+from .store import EventStore
+from .values import safe_id, safe_target
+
+
+def lifecycle_profile_from_lease(receipt: LeaseReceipt) -> LeaseProfile:
+    """The lifecycle profile of a lease receipt: what a session carries to prove its authority."""
+    if not isinstance(receipt, LeaseReceipt):
+        raise InvalidInputError("receipt", f"runner lease receipt is required, got {type(receipt).__name__}")
+    return LeaseProfile(
+        runner_id=receipt.runner_id, authority_file=receipt.authority_file, state=receipt.state,
+        generation=receipt.runner_generation,
+        lease=LeaseRef(id=receipt.lease.id, generation=receipt.lease.generation, expires_at=receipt.lease.expires_at),
+        proxy_authority=receipt.proxy_authority, base_dir=receipt.base_dir, resources=receipt.resources,
+        post_session_hook=receipt.post_session_hook,
+    )
+
+
+def _profile(profile: LeaseProfile | Mapping[str, Any]) -> LeaseProfile:
+    if isinstance(profile, LeaseProfile):
+        return profile
+    if not isinstance(profile, Mapping):
+        raise InvalidInputError("profile", f"runner lifecycle authority is required, got {type(profile).__name__}")
+    try:
+        return msgspec.convert(profile, LeaseProfile)
+    except (msgspec.ValidationError, LifecycleError) as exc:
+        raise InvalidInputError("profile", f"runner lifecycle authority is invalid: {exc}") from None
+
+
+def assert_lease_authority(profile: LeaseProfile | Mapping[str, Any], target: str, *,
+                           now: Callable[[], int] | None = None) -> LeaseAuthority:
+    """Check that `profile` still holds authority on `target`, reading its authority file read-only.
+
+    Raises StaleFenceError ("runner lease authority is stale") when the runner moved on: not
+    accepting, another generation, other resources, proxy or hook, or the lease ended or expired.
+    A different runner, target or base dir is a LifecycleError ("identity drifted").
+    """
+    profile = _profile(profile)
+    target = safe_target(target)
+    path = profile.authority_file
+    if not isinstance(path, str) or not os.path.isabs(path) or len(path) > 4096 or "\0" in path:
+        raise InvalidInputError("profile.authority_file", "runner authority file is invalid: not an absolute path")
+    safe_id(profile.runner_id, "profile.runner_id")
+    if now is not None and not callable(now):
+        raise InvalidInputError("now", "now must be a callable returning epoch milliseconds")
+    with EventStore.open(os.path.normpath(path), read_only=True) as store:
+        state = load(store, profile.runner_id).state
+    if state is None:
+        raise StaleFenceError(f"execution location runner lease authority is stale (runner {profile.runner_id} "
+                              "has no events)")
+    if state.runner_id != profile.runner_id or state.target != target or state.base_dir != profile.base_dir.path:
+        raise LifecycleError(f"runner lifecycle identity drifted (runner {profile.runner_id} on {target})")
+    now_ms = (now or (lambda: time.time_ns() // 1_000_000))()
+    if type(now_ms) is not int or not 0 <= now_ms <= MAX_EPOCH_MS:
+        raise InvalidInputError("now", f"now() must return epoch milliseconds as an int, got {now_ms!r}")
+    lease = state.lease(profile.lease.id)
+    if (state.state != "accepting" or state.generation != profile.generation
+            or state.resources != profile.resources
+            or state.proxy_authority.id != profile.proxy_authority.id
+            or state.proxy_authority.revision != profile.proxy_authority.revision
+            or state.post_session_hook_digest != profile.post_session_hook.digest
+            or lease is None or lease.status != "active" or lease.generation != profile.lease.generation
+            or lease.expires_at != profile.lease.expires_at or parse_iso_ms(lease.expires_at) <= now_ms):
+        raise StaleFenceError(f"execution location runner lease authority is stale (lease_id {profile.lease.id}, "
+                              f"runner {state.state} at generation {state.generation})")
+    return LeaseAuthority(runner_id=state.runner_id, target=state.target, state=state.state,
+                          generation=state.generation, lease_id=lease.id, lease_generation=lease.generation,
+                          proxy_authority=state.proxy_authority)

@@ -1,0 +1,419 @@
+"""`RunnerLifecycle`: the seed's runner lifecycle, with every transition an event in the log.
+
+    lifecycle = RunnerLifecycle(store, runner_id="runner-1", target="local", base_dir="/srv/runner",
+                                resources=Resources(cpu_seconds=600, memory_bytes=2 << 30),
+                                post_session_hook_digest="sha256:" + "0" * 64)
+    lifecycle.initialize()
+    receipt = lifecycle.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy)
+
+A command validates its input (InvalidInputError, nothing appended), runs the base directory
+preflight where the seed does, then decides under the store's write lock: it catches the runner's
+state up with the log (another process may have moved it), builds the events, applies them through
+the rules in ``runner.py`` (which raise the seed's error kinds) and appends them with the stream's
+version as the expected version, all in one transaction. The state stays in memory between commands,
+so a command costs the same however long the log is. Read-only commands (`snapshot`, `assert_poll`,
+`refresh_lease_authority`) append nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from .canonical import MAX_EPOCH_MS, iso_ms, parse_iso_ms, receipt_digest
+from .errors import InvalidInputError, LifecycleError, PreflightError, StaleFenceError
+from .events import (
+    RUNNER_SCHEMA,
+    DrainExpired,
+    DrainRequested,
+    Event,
+    HookAuthorized,
+    LeaseAcquired,
+    LeaseParked,
+    LeaseSettled,
+    ProxyRotated,
+    ReclaimBegun,
+    ReclaimCompleted,
+    RunnerInitialized,
+    RunnerParked,
+)
+from .preflight import preflight_writable_directory
+from .receipts import (
+    DrainParkSnapshot,
+    HookReceipt,
+    LeaseParkSnapshot,
+    LeaseReceipt,
+    PollResult,
+    RunnerSnapshot,
+    lease_receipt,
+    project,
+)
+from .replay import EMPTY, Folded, load, write_snapshot
+from .runner import (
+    HOOK_DOMAIN,
+    MAX_DRAIN_MS,
+    MAX_TTL_MS,
+    MIN_DRAIN_MS,
+    MIN_TTL_MS,
+    PARK_REASONS,
+    RunnerState,
+    apply,
+    check_fresh,
+    check_min_revision,
+    hook_receipt_material,
+)
+from .store import EventStore, RecordedEvent
+from .values import ProxyAuthority, Resources, safe_digest, safe_id, safe_int, safe_target
+
+DEFAULT_TTL_MS = 10 * 60 * 1000
+DEFAULT_DRAIN_MS = 30_000
+DEFAULT_SNAPSHOT_EVERY = 64
+
+
+class UnknownRunnerError(LifecycleError):
+    """The runner has no events yet: call `initialize` first."""
+
+
+def _system_clock() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _random_hex() -> str:
+    return uuid.uuid4().hex
+
+
+def normalize_base_dir(base_dir: object) -> str:
+    """An absolute, normalized base directory path (1..4096 characters, no NUL), or InvalidInputError."""
+    if not isinstance(base_dir, str | os.PathLike):
+        raise InvalidInputError("base_dir", f"runner baseDir is invalid: {type(base_dir).__name__} is not a path")
+    text = os.fspath(base_dir)
+    if not isinstance(text, str) or "\0" in text or not 1 <= len(text) <= 4096:
+        raise InvalidInputError("base_dir", "runner baseDir is invalid: empty, too long, or holds NUL")
+    resolved = os.path.abspath(text)
+    if len(resolved) > 4096:
+        raise InvalidInputError("base_dir", "runner baseDir is invalid: longer than 4096 characters")
+    return resolved
+
+
+def _generation(value: object, field: str) -> int:
+    return safe_int(value, field, 1)
+
+
+class RunnerLifecycle:
+    """One runner's lifecycle on an event store (one stream: the runner id)."""
+
+    def __init__(self, store: EventStore, *, runner_id: str, target: str, base_dir: str | os.PathLike[str],
+                 resources: Resources | dict[str, int], post_session_hook_digest: str,
+                 now: Callable[[], int] | None = None, random_id: Callable[[], str] | None = None,
+                 preflight_base_dir: Callable[[str], None] | None = None,
+                 snapshot_every: int = DEFAULT_SNAPSHOT_EVERY) -> None:
+        if not isinstance(store, EventStore):
+            raise InvalidInputError("store", f"store must be an EventStore, got {type(store).__name__}")
+        self.store = store
+        self.runner_id = safe_id(runner_id, "runner_id")
+        self.target = safe_target(target)
+        self.base_dir = normalize_base_dir(base_dir)
+        self.resources = Resources.coerce(resources)
+        self.post_session_hook_digest = safe_digest(post_session_hook_digest, "post_session_hook_digest")
+        for name, value in (("now", now), ("random_id", random_id), ("preflight_base_dir", preflight_base_dir)):
+            if value is not None and not callable(value):
+                raise InvalidInputError(name, f"runner {name} must be a function")
+        self._now = now or _system_clock
+        self._random_id = random_id or _random_hex
+        self._preflight = preflight_base_dir or (lambda path: preflight_writable_directory(path, self._random_id))
+        self._snapshot_every = safe_int(snapshot_every, "snapshot_every", 1)
+        self._folded: Folded = EMPTY
+
+    def __repr__(self) -> str:
+        state = self._folded.state
+        shown = f"{state.state} at generation {state.generation}" if state else "not loaded"
+        return f"RunnerLifecycle({self.runner_id!r}, {self.target}, {shown}, version {self._folded.version})"
+
+    # --- plumbing ------------------------------------------------------------------------------------
+
+    def _clock(self) -> int:
+        value = self._now()
+        if type(value) is not int or not 0 <= value <= MAX_EPOCH_MS:
+            raise InvalidInputError("now", f"now() must return epoch milliseconds as an int, got {value!r}")
+        return value
+
+    def _catch_up(self) -> Folded:
+        """The runner's state as of the log's current end (reads only the events this handle has not seen)."""
+        folded = self._folded
+        if folded.state is None:
+            folded = load(self.store, self.runner_id)
+        elif self.store.stream_version(self.runner_id) != folded.version:
+            folded = load(self.store, self.runner_id, base=folded)
+        self._folded = folded
+        return folded
+
+    def _state(self) -> RunnerState:
+        state = self._catch_up().state
+        if state is None:
+            raise UnknownRunnerError(f"runner {self.runner_id} is not initialized")
+        return state
+
+    def _commit(self, action: str, decide: Callable[[RunnerState, int, str], list[Event]],
+                ) -> tuple[RunnerState, list[RecordedEvent]]:
+        """Decide under the write lock against the current state, apply through the rules, append."""
+        with self.store.transaction(action) as tx:
+            current = self._catch_up()
+            if current.state is None:
+                raise UnknownRunnerError(f"runner {self.runner_id} is not initialized")
+            now_ms = self._clock()
+            at = iso_ms(now_ms)
+            events = decide(current.state, now_ms, at)
+            state = current.state
+            for event in events:
+                state = apply(state, event, now_ms, at)
+            if state.pending_park is not None:
+                # A consequence is its own event in the same transaction: the rules say a park is due.
+                parked = RunnerParked(cause=state.pending_park, generation=state.generation + 1)
+                state = apply(state, parked, now_ms, at)
+                events.append(parked)
+            recorded = tx.append(self.runner_id, events, expected_version=current.version, at=at)
+            folded = Folded(state, recorded[-1].version, recorded[-1].seq)
+            if folded.version // self._snapshot_every > current.version // self._snapshot_every:
+                write_snapshot(self.store, self.runner_id, folded, recorded[-1].hash)
+        self._folded = folded
+        return state, recorded
+
+    def _preflight_base_dir(self) -> None:
+        try:
+            self._preflight(self.base_dir)
+        except LifecycleError:
+            raise
+        except OSError as exc:
+            raise PreflightError(f"execution location base directory preflight failed (base_dir "
+                                 f"{self.base_dir!r}: {exc.strerror or exc})") from None
+
+    def _lease_id(self) -> str:
+        value = self._random_id()
+        if not isinstance(value, str):
+            raise InvalidInputError("random_id", f"random_id() must return a str, got {type(value).__name__}")
+        return safe_id(f"lease-{value}", "random_id")
+
+    # --- commands ------------------------------------------------------------------------------------
+
+    def initialize(self) -> RunnerSnapshot:
+        """Create the runner (accepting, generation 1) or, when it exists, check its identity.
+
+        Appends nothing when the runner exists; a different target or base dir for the same id is a
+        LifecycleError ("identity drifted").
+        """
+        with self.store.transaction("initialize") as tx:
+            current = self._catch_up()
+            if current.state is None:
+                at = iso_ms(self._clock())
+                event = RunnerInitialized(schema=RUNNER_SCHEMA, runner_id=self.runner_id, target=self.target,
+                                          base_dir=self.base_dir, resources=self.resources,
+                                          post_session_hook_digest=self.post_session_hook_digest)
+                state = apply(None, event, parse_iso_ms(at), at)
+                recorded = tx.append(self.runner_id, [event], expected_version=0, at=at)
+                current = Folded(state, recorded[-1].version, recorded[-1].seq)
+        self._folded = current
+        state = current.state
+        assert state is not None
+        if state.runner_id != self.runner_id or state.target != self.target or state.base_dir != self.base_dir:
+            raise LifecycleError(f"runner lifecycle identity drifted (runner {self.runner_id}: recorded target "
+                                 f"{state.target} base_dir {state.base_dir!r}, given target {self.target} "
+                                 f"base_dir {self.base_dir!r})")
+        return project(state)
+
+    def snapshot(self) -> RunnerSnapshot:
+        """The runner's current snapshot (the seed's ``project()``), caught up with the log."""
+        return project(self._state())
+
+    def state(self) -> RunnerState:
+        """The runner's whole current state (leases included), caught up with the log."""
+        return self._state()
+
+    def acquire_lease(self, *, session_id: str, expected_generation: int, ttl_ms: int = DEFAULT_TTL_MS,
+                      proxy_authority: ProxyAuthority | dict[str, Any]) -> LeaseReceipt:
+        """Grant a lease to a session at the runner's current generation, under a fresh proxy authority.
+
+        Fences: the runner accepting at `expected_generation` (StaleFenceError), no active lease for
+        the session (StaleFenceError), the proxy authority fresh (AuthorityError), the same proxy id
+        as the runner's and no revision rollback (AuthorityError). The base directory preflight runs
+        first (PreflightError).
+        """
+        session_id = safe_id(session_id, "session_id")
+        expected_generation = _generation(expected_generation, "expected_generation")
+        ttl_ms = safe_int(ttl_ms, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)
+        proxy = ProxyAuthority.coerce(proxy_authority)
+        lease_id = self._lease_id()
+        self._preflight_base_dir()
+
+        def decide(state: RunnerState, now_ms: int, at: str) -> list[Event]:
+            return [LeaseAcquired(lease_id=lease_id, session_id=session_id, lease_generation=expected_generation,
+                                  issued_at=at, expires_at=iso_ms(now_ms + ttl_ms), proxy_authority=proxy)]
+
+        state, _ = self._commit("acquire_lease", decide)
+        lease = state.lease(lease_id)
+        assert lease is not None
+        return lease_receipt(state=state, authority_file=self.store.path, runner_generation=expected_generation,
+                             lease=lease, proxy=proxy)
+
+    def assert_poll(self, *, lease_id: str, lease_generation: int, proxy_authority_id: str,
+                    proxy_authority_revision: int) -> PollResult:
+        """Check that a lease may still poll: active, unexpired, same proxy, runner not parked/reclaiming."""
+        lease_id = safe_id(lease_id, "lease_id")
+        lease_generation = _generation(lease_generation, "lease_generation")
+        proxy_authority_id = safe_id(proxy_authority_id, "proxy_authority_id")
+        proxy_authority_revision = safe_int(proxy_authority_revision, "proxy_authority_revision")
+        state = self._state()
+        now_ms = self._clock()
+        lease = state.lease(lease_id)
+        if (lease is None or lease.status != "active" or lease.generation != lease_generation
+                or parse_iso_ms(lease.expires_at) <= now_ms or state.proxy_authority.id != proxy_authority_id
+                or state.proxy_authority.revision != proxy_authority_revision
+                or state.state in ("parked", "reclaiming")):
+            raise StaleFenceError(f"execution location poll lease is stale or parked (lease_id {lease_id}, "
+                                  f"runner {state.state} at generation {state.generation})")
+        return PollResult(runner_id=state.runner_id, runner_generation=state.generation, lease_id=lease.id,
+                          lease_generation=lease.generation, state=state.state, proxy_authority=state.proxy_authority)
+
+    def rotate_proxy_authority(self, *, expected_generation: int,
+                               proxy_authority: ProxyAuthority | dict[str, Any]) -> RunnerSnapshot:
+        """Move to a newer proxy revision (at least current + 1); generation and policy revision +1."""
+        expected_generation = _generation(expected_generation, "expected_generation")
+        proxy = ProxyAuthority.coerce(proxy_authority)
+
+        def decide(state: RunnerState, now_ms: int, at: str) -> list[Event]:
+            return [ProxyRotated(proxy_authority=proxy, generation=expected_generation + 1,
+                                 policy_revision=state.policy_revision + 1)]
+
+        return project(self._commit("rotate_proxy_authority", decide)[0])
+
+    def refresh_lease_authority(self, *, lease_id: str, lease_generation: int, expected_generation: int,
+                                proxy_authority: ProxyAuthority | dict[str, Any]) -> LeaseReceipt:
+        """Re-issue an active lease's receipt under the current proxy authority; appends nothing."""
+        lease_id = safe_id(lease_id, "lease_id")
+        lease_generation = _generation(lease_generation, "lease_generation")
+        expected_generation = _generation(expected_generation, "expected_generation")
+        proxy = ProxyAuthority.coerce(proxy_authority)
+        state = self._state()
+        now_ms = self._clock()
+        check_min_revision(proxy, state.proxy_authority.revision)
+        check_fresh(proxy, now_ms)
+        lease = state.lease(lease_id)
+        if (state.state != "accepting" or state.generation != expected_generation
+                or state.proxy_authority.id != proxy.id or state.proxy_authority.revision != proxy.revision
+                or lease is None or lease.status != "active" or lease.generation != lease_generation
+                or parse_iso_ms(lease.expires_at) <= now_ms):
+            raise StaleFenceError(f"execution location lease refresh fence is stale (lease_id {lease_id}, runner "
+                                  f"{state.state} at generation {state.generation})")
+        self._preflight_base_dir()
+        return lease_receipt(state=state, authority_file=self.store.path, runner_generation=state.generation,
+                             lease=lease, proxy=proxy)
+
+    def request_drain(self, *, expected_generation: int, timeout_ms: int = DEFAULT_DRAIN_MS,
+                      signal: str = "SIGTERM") -> RunnerSnapshot:
+        """Stop accepting and ask units to finish by a deadline; generation +1.
+
+        With no active lease the runner parks at once (an improvement on the seed, where such a
+        drain waited for a deadline with nothing to wait for).
+        """
+        if signal != "SIGTERM":
+            raise InvalidInputError("signal", f"runner drain requires SIGTERM, got {signal!r}")
+        expected_generation = _generation(expected_generation, "expected_generation")
+        timeout_ms = safe_int(timeout_ms, "timeout_ms", MIN_DRAIN_MS, MAX_DRAIN_MS)
+
+        def decide(state: RunnerState, now_ms: int, at: str) -> list[Event]:
+            return [DrainRequested(signal=signal, requested_at=at, deadline_at=iso_ms(now_ms + timeout_ms),
+                                   generation=expected_generation + 1)]
+
+        return project(self._commit("request_drain", decide)[0])
+
+    def settle_lease(self, *, lease_id: str, lease_generation: int, result_digest: str) -> RunnerSnapshot:
+        """End an active lease with a result; the last one settled during a drain parks the runner."""
+        result_digest = safe_digest(result_digest, "result_digest")
+        lease_id = safe_id(lease_id, "lease_id")
+        lease_generation = _generation(lease_generation, "lease_generation")
+
+        def decide(state: RunnerState, now_ms: int, at: str) -> list[Event]:
+            return [LeaseSettled(lease_id=lease_id, lease_generation=lease_generation, result_digest=result_digest)]
+
+        return project(self._commit("settle_lease", decide)[0])
+
+    def park_lease(self, *, lease_id: str, lease_generation: int, result_digest: str,
+                   reason: str) -> LeaseParkSnapshot:
+        """End an active lease without finishing (checkout-failure, lost-poll, resource-limit)."""
+        result_digest = safe_digest(result_digest, "result_digest")
+        if reason not in PARK_REASONS:
+            raise InvalidInputError("reason", f"execution location park reason is invalid: {reason!r}")
+        lease_id = safe_id(lease_id, "lease_id")
+        lease_generation = _generation(lease_generation, "lease_generation")
+
+        def decide(state: RunnerState, now_ms: int, at: str) -> list[Event]:
+            return [LeaseParked(lease_id=lease_id, lease_generation=lease_generation, result_digest=result_digest,
+                                reason=reason)]
+
+        snapshot = project(self._commit("park_lease", decide)[0])
+        return LeaseParkSnapshot(**_fields(snapshot), park_reason=reason)
+
+    def park_expired_drain(self, *, expected_generation: int) -> DrainParkSnapshot:
+        """Past the drain deadline: park every lease still active, then the runner; generation +1."""
+        expected_generation = _generation(expected_generation, "expected_generation")
+        parked: list[int] = []
+
+        def decide(state: RunnerState, now_ms: int, at: str) -> list[Event]:
+            if state.state != "draining" or state.generation != expected_generation or state.drain is None:
+                raise StaleFenceError(f"execution location drain is not ready to park (runner {state.state} at "
+                                      f"generation {state.generation}, expected_generation {expected_generation})")
+            active = tuple(lease.id for lease in state.leases if lease.status == "active")
+            parked.append(len(active))
+            return [DrainExpired(lease_ids=active, deadline_at=state.drain.deadline_at)]
+
+        snapshot = project(self._commit("park_expired_drain", decide)[0])
+        return DrainParkSnapshot(**_fields(snapshot), newly_parked_lease_count=parked[-1])
+
+    def begin_reclaim(self, *, expected_generation: int,
+                      proxy_authority: ProxyAuthority | dict[str, Any]) -> RunnerSnapshot:
+        """Start reclaiming a parked runner under a newer proxy revision; generation +1."""
+        expected_generation = _generation(expected_generation, "expected_generation")
+        proxy = ProxyAuthority.coerce(proxy_authority)
+
+        def decide(state: RunnerState, now_ms: int, at: str) -> list[Event]:
+            return [ReclaimBegun(proxy_authority=proxy, generation=expected_generation + 1)]
+
+        return project(self._commit("begin_reclaim", decide)[0])
+
+    def complete_reclaim(self, *, expected_generation: int) -> RunnerSnapshot:
+        """Finish a reclaim: accepting again, generation +1, the state keeping its last 256 leases."""
+        expected_generation = _generation(expected_generation, "expected_generation")
+
+        def decide(state: RunnerState, now_ms: int, at: str) -> list[Event]:
+            return [ReclaimCompleted(generation=expected_generation + 1)]
+
+        return project(self._commit("complete_reclaim", decide)[0])
+
+    def authorize_post_session_hook(self, *, expected_runner_generation: int, lease_id: str, lease_generation: int,
+                                    result_digest: str, hook_digest: str) -> HookReceipt:
+        """Authorize the post-session hook of an ended lease; its receipt digest is recorded on the lease."""
+        result_digest = safe_digest(result_digest, "result_digest")
+        hook_digest = safe_digest(hook_digest, "hook_digest")
+        expected_runner_generation = _generation(expected_runner_generation, "expected_runner_generation")
+        lease_id = safe_id(lease_id, "lease_id")
+        lease_generation = _generation(lease_generation, "lease_generation")
+        material = hook_receipt_material(runner_id=self.runner_id, runner_generation=expected_runner_generation,
+                                         lease_id=lease_id, lease_generation=lease_generation,
+                                         result_digest=result_digest, hook_digest=hook_digest)
+        digest = receipt_digest(HOOK_DOMAIN, material)
+
+        def decide(state: RunnerState, now_ms: int, at: str) -> list[Event]:
+            return [HookAuthorized(lease_id=lease_id, lease_generation=lease_generation,
+                                   runner_generation=expected_runner_generation, result_digest=result_digest,
+                                   hook_digest=hook_digest, receipt_digest=digest)]
+
+        self._commit("authorize_post_session_hook", decide)
+        return HookReceipt(runner_id=self.runner_id, runner_generation=expected_runner_generation,
+                           lease_id=lease_id, lease_generation=lease_generation, result_digest=result_digest,
+                           hook_digest=hook_digest, receipt_digest=digest)
+
+
+def _fields(snapshot: RunnerSnapshot) -> dict[str, Any]:
+    return {name: getattr(snapshot, name) for name in snapshot.__struct_fields__}
