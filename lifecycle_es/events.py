@@ -144,12 +144,19 @@ class UnitRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class UnitStarting(Event, tag="UnitStarting"):
-    """Intent: the host is about to start a unit for this lease (recorded before the side effect)."""
+    """Intent: the host is about to start a unit for this lease (recorded before the side effect).
+
+    ``unit`` is the systemd unit name chosen before the start (child mode: None; the unit writes its
+    pid to its run directory), and ``command`` the argv it runs (never a secret: tokens go on stdin),
+    so a host that crashed between intent and outcome can find the unit, or start it again.
+    """
 
     lease_id: str
     lease_generation: int
     mode: str
     run_dir: str
+    unit: str | None = None
+    command: tuple[str, ...] = ()
 
 
 class UnitStarted(Event, tag="UnitStarted"):
