@@ -1,0 +1,31 @@
+"""The README's usage example runs as written and prints what it says it prints."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_leads_with_the_two_commands() -> None:
+    head = README.read_text().split("## ", 1)[0]
+    assert "make demo" in head and "make test" in head
+
+
+def test_readme_usage_example_runs() -> None:
+    blocks = python_blocks()
+    assert blocks, "the README has no python example"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(blocks[0], "README.md", "exec"), {})
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("refused: execution location runner is not accepting this generation")
+    assert lines[1] == "parked 3"
+    assert lines[2].startswith("VerifyReport(events=5, streams=1")
