@@ -1,0 +1,410 @@
+"""Lifecycle figures: durable commands against raw SQLite, the seed's JSON file and eventsourcing.
+
+    python -m benchmarks.lifecycle [--quick]
+
+- a durable command (acquire_lease / settle_lease pairs, one transaction each) vs a raw single-row
+  ``INSERT+COMMIT`` (>= 0.8x) and vs an eventsourcing single-event save (>= 1.5x), in the same rounds;
+- command p50 and p99 with 1k, 100k and (full mode) 1M events of other runners' history in the file
+  (p50 within 1.2x of 1k);
+- commands/s against the seed's JSON-file store holding 10, 256 and 1024 retained leases (>= 20x at 1024);
+- a cold load (``RunnerLifecycle(...).snapshot()`` on a fresh store handle) of a 10,000-event runner,
+  with and without snapshots, vs eventsourcing's reconstruction of a 10,000-event aggregate (>= 5x);
+- ``projections.rebuild`` over the longest log (>= 300,000 events/s), shown beside the bare replay loop.
+
+Every lifecycle here runs with a no-op base directory preflight, on both sides of every comparison
+(the JSON store too): the figures compare storage and decision, not the probe file's extra fsync.
+Figures whose code has not landed are "n/a".
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lifecycle_es import EventStore
+from lifecycle_es.canonical import iso_ms
+from lifecycle_es.events import encode
+
+from . import history
+from .baselines import json_store, pyeventsourcing, raw_sqlite
+from .measure import (
+    Figure,
+    Target,
+    alternate,
+    compared,
+    latencies_us,
+    percentile,
+    quiesce,
+    rate,
+    unavailable,
+)
+from .suite import Context, main
+
+HOOK_DIGEST = "sha256:" + "0" * 64
+RESULT_DIGEST = "sha256:" + "c" * 64
+COLD_EVENTS = 10_000
+JSON_LEASES = (10, 256, 1024)
+PREFLIGHT = "no-op base dir preflight on both sides"
+ES_MISSING = "eventsourcing is not installed: pip install -e '.[bench]'"
+
+
+def _scale(context: Context) -> dict[str, int]:
+    if context.quick:
+        return {"rounds": 7, "commands": 150, "latency_pairs": 50, "json_ops": 40, "json_rounds": 5,
+                "cold_rounds": 7, "rebuild_rounds": 1}
+    return {"rounds": 15, "commands": 300, "latency_pairs": 150, "json_ops": 40, "json_rounds": 9,
+            "cold_rounds": 11, "rebuild_rounds": 2}
+
+
+def _sizes(context: Context) -> list[int]:
+    return [1_000, 100_000] if context.quick else [1_000, 100_000, 1_000_000]
+
+
+def _lifecycle_api() -> Any:
+    """The lifecycle module, or None while it has not landed."""
+    try:
+        from lifecycle_es import lifecycle
+    except ImportError:
+        return None
+    return lifecycle if hasattr(lifecycle, "RunnerLifecycle") else None
+
+
+def _no_preflight(base_dir: str) -> None:
+    return None
+
+
+class _Authority:
+    """A proxy authority minted from the wall clock and renewed before it grows stale (same id and revision)."""
+
+    def __init__(self) -> None:
+        self._minted = 0
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def fields(self) -> dict[str, Any]:
+        now = self.now_ms()
+        if now - self._minted > 60_000:
+            self._minted = now
+            self._fields = {"id": "proxy-1", "revision": 1, "issued_at": iso_ms(now),
+                            "expires_at": iso_ms(now + 3_600_000)}
+        return self._fields
+
+
+_AUTHORITY = _Authority()
+_IDS = itertools.count(1)
+
+
+def _random_id() -> str:
+    return f"{next(_IDS):012d}"
+
+
+class _Runner:
+    """A `RunnerLifecycle` driven by acquire_lease / settle_lease commands, one transaction each."""
+
+    def __init__(self, store: EventStore, runner_id: str, base_dir: str, *, snapshot_every: int | None = None) -> None:
+        api = _lifecycle_api()
+        from lifecycle_es import ProxyAuthority, Resources
+
+        self._proxy = ProxyAuthority
+        extra = {} if snapshot_every is None else {"snapshot_every": snapshot_every}
+        self.lifecycle = api.RunnerLifecycle(
+            store, runner_id=runner_id, target="local", base_dir=base_dir,
+            resources=Resources(cpu_seconds=3600, memory_bytes=1 << 30), post_session_hook_digest=HOOK_DIGEST,
+            random_id=_random_id, preflight_base_dir=_no_preflight, **extra)
+        self.generation = self.lifecycle.initialize().generation
+        self.sessions = itertools.count()
+        self.pending: Any = None
+
+    def command(self, _: int = 0) -> None:
+        """The next command: acquire a lease, or settle the one acquired last."""
+        if self.pending is None:
+            self.pending = self.lifecycle.acquire_lease(
+                session_id=f"session-{next(self.sessions)}", expected_generation=self.generation,
+                proxy_authority=self._proxy(**_AUTHORITY.fields())).lease
+        else:
+            lease, self.pending = self.pending, None
+            self.lifecycle.settle_lease(lease_id=lease.id, lease_generation=lease.generation,
+                                        result_digest=RESULT_DIGEST)
+
+    def commands(self, count: int) -> int:
+        for _ in range(count):
+            self.command()
+        return count
+
+
+def _raw_body() -> bytes:
+    return encode(history.lease_pair("runner-raw", 0)[0])
+
+
+# --- durable single command: raw INSERT+COMMIT and eventsourcing saves in the same rounds -------------
+
+
+def _single(context: Context, scale: dict[str, int]) -> list[Figure]:
+    title = "durable single command (acquire/settle)"
+    store = EventStore.open(context.path("lifecycle-single.db"))
+    conn = raw_sqlite.open_raw(context.path("raw-single.db"))
+    fleet = pyeventsourcing.Fleet(context.path("es-single.db")) if pyeventsourcing.available() else None
+    try:
+        runner = _Runner(store, "runner-single", context.workdir)
+        body, seq = _raw_body(), itertools.count(1)
+        count = scale["commands"]
+
+        def raw_round() -> float:
+            first = next(seq)
+            rows = raw_sqlite.rows_like(body, stream="runner-raw", first_seq=first, first_version=first, count=count)
+            for _ in range(count - 1):
+                next(seq)
+
+            def insert() -> int:
+                for row in rows:
+                    raw_sqlite.insert_commit(conn, row)
+                return count
+            return rate(insert)
+
+        subjects: dict[str, Callable[[], float]] = {"ours": lambda: rate(lambda: runner.commands(count)),
+                                                    "raw": raw_round}
+        es_sync = None
+        if fleet is not None:
+            es_runner = fleet.new_runner("runner-single")
+            es_sync = fleet.synchronous()
+            pairs = itertools.count()
+
+            def es_round() -> float:
+                def saves() -> int:
+                    return sum(fleet.acquire_settle(es_runner, next(pairs)) for _ in range(count // 2))
+                return rate(saves)
+            subjects["eventsourcing"] = es_round
+        rates = alternate(subjects, scale["rounds"])
+    finally:
+        store.close()
+        conn.close()
+        if fleet is not None:
+            fleet.close()
+    ours = rates["ours"]
+    figures = [compared("lifecycle.command.single", title, "cmd/s", ours, rates["raw"],
+                        "raw apsw INSERT+COMMIT", Target(">=", 0.8), samples=rates,
+                        note=f"one transaction per command, synchronous=FULL, {PREFLIGHT}; {scale['rounds']} "
+                             f"alternating rounds of {count}")]
+    if fleet is None:
+        figures.append(unavailable("lifecycle.command.vs_eventsourcing", f"{title} vs eventsourcing save",
+                                   "eventsourcing save", Target(">=", 1.5), ES_MISSING, missing="not installed"))
+    else:
+        figures.append(compared("lifecycle.command.vs_eventsourcing", f"{title} vs eventsourcing save", "cmd/s",
+                                ours, rates["eventsourcing"], "eventsourcing single-event save",
+                                Target(">=", 1.5), samples=rates,
+                                note=f"eventsourcing {pyeventsourcing.version()} on its SQLite module, one event "
+                                     f"per save, aggregate kept in memory; its PRAGMA synchronous={es_sync}"))
+    return figures
+
+
+# --- latency with history --------------------------------------------------------------------------
+
+
+def _latency(context: Context, scale: dict[str, int]) -> list[Figure]:
+    sizes = _sizes(context)
+    stores = {size: EventStore.open(history.history_log(context, size)) for size in sizes}
+    try:
+        runners = {size: _Runner(store, "runner-latency", context.workdir) for size, store in stores.items()}
+        samples: dict[int, list[float]] = {size: [] for size in sizes}
+
+        def one_round(size: int) -> Callable[[], float]:
+            def measure() -> float:
+                got = latencies_us(runners[size].command, 2 * scale["latency_pairs"])
+                samples[size].extend(got)
+                return percentile(got, 50)
+            return measure
+
+        p50s = alternate({str(size): one_round(size) for size in sizes}, scale["rounds"])
+    finally:
+        for store in stores.values():
+            store.close()
+    figures: list[Figure] = []
+    small = sizes[0]
+    for size in sizes[1:]:
+        figures += [
+            compared(f"lifecycle.latency.p50.{size}", f"command p50 at {size:,} events of history", "µs",
+                     p50s[str(size)], p50s[str(small)], f"at {small:,}", Target("<=", 1.2),
+                     samples=p50s, note=f"{len(samples[size]):,} commands per size, other runners' events"),
+            compared(f"lifecycle.latency.p99.{size}", f"command p99 at {size:,} events of history", "µs",
+                     percentile(samples[size], 99), percentile(samples[small], 99), f"at {small:,}", None),
+        ]
+    return figures
+
+
+# --- against the seed's JSON file -------------------------------------------------------------------
+
+
+def _json_pairs(lifecycle: json_store.JsonRunnerLifecycle, generation: int, pairs: int) -> int:
+    for _ in range(pairs):
+        fields = _AUTHORITY.fields()
+        receipt = lifecycle.acquire_lease(
+            session_id=f"session-{_random_id()}", expected_generation=generation,
+            proxy_authority={"id": fields["id"], "revision": fields["revision"], "issuedAt": fields["issued_at"],
+                             "expiresAt": fields["expires_at"]})
+        lifecycle.settle_lease(lease_id=receipt["lease"]["id"], lease_generation=receipt["lease"]["generation"],
+                               result_digest=RESULT_DIGEST)
+    return 2 * pairs
+
+
+def _vs_json(context: Context, scale: dict[str, int]) -> list[Figure]:
+    path = context.path("lifecycle-vs-json.db")
+    builder = EventStore.open(path, durability="normal")  # builds each round's runner; not measured
+    store = EventStore.open(path)
+    ops = scale["json_ops"]
+    figures: list[Figure] = []
+    try:
+        for leases in JSON_LEASES:
+            rounds = itertools.count()
+
+            def ours(leases: int = leases, rounds: itertools.count[int] = rounds) -> float:
+                runner_id = f"runner-json-{leases}-{next(rounds)}"
+                _Runner(builder, runner_id, context.workdir).commands(2 * leases)
+                runner = _Runner(store, runner_id, context.workdir)  # catches up before the clock starts
+                quiesce()
+                return rate(lambda: runner.commands(ops))
+
+            def seed(leases: int = leases) -> float:
+                lifecycle = json_store.JsonRunnerLifecycle(
+                    context.path(f"runner-{leases}.json"), runner_id="runner-json", target="local",
+                    base_dir=context.workdir, resources={"cpuSeconds": 3600, "memoryBytes": 1 << 30},
+                    post_session_hook_digest=HOOK_DIGEST, now=_AUTHORITY.now_ms, random_id=_random_id,
+                    preflight_base_dir=_no_preflight)
+                generation = lifecycle.initialize()["generation"]
+                lifecycle.prefill(leases, now_ms=_AUTHORITY.now_ms(), result_digest=RESULT_DIGEST)
+                quiesce()
+                return rate(lambda: _json_pairs(lifecycle, generation, ops // 2))
+
+            context.say(f"lifecycle: vs JSON file at {leases} leases")
+            rates = alternate({"ours": ours, "seed": seed}, scale["json_rounds"])
+            figures.append(compared(
+                f"lifecycle.vs_json.{leases}", f"commands/s vs JSON file at {leases} leases", "cmd/s",
+                rates["ours"], rates["seed"], "seed's JSON file", Target(">=", 20) if leases == 1024
+                else None, samples=rates,
+                note=f"each round starts from {leases} retained leases and runs {ops} commands; {PREFLIGHT}"
+                if leases == JSON_LEASES[0] else ""))
+    finally:
+        builder.close()
+        store.close()
+    return figures
+
+
+# --- cold load against eventsourcing's reconstruction ------------------------------------------------
+
+
+def _cold_load(context: Context, scale: dict[str, int]) -> list[Figure]:
+    title = f"cold load of a {COLD_EVENTS:,}-event runner"
+    api = _lifecycle_api()
+    no_snapshots = "snapshot_every" in inspect.signature(api.RunnerLifecycle).parameters
+    path = context.path("lifecycle-cold.db")
+    context.say(f"lifecycle: building {COLD_EVENTS:,}-event runners")
+    with EventStore.open(path, durability="normal") as builder:
+        _Runner(builder, "runner-cold-snapshots", context.workdir).commands(COLD_EVENTS - 1)
+        if no_snapshots:
+            _Runner(builder, "runner-cold-plain", context.workdir, snapshot_every=10**12).commands(COLD_EVENTS - 1)
+    quiesce()
+
+    def ours(runner_id: str) -> Callable[[], float]:
+        def load() -> float:
+            with EventStore.open(path) as store:  # a fresh handle; opening it is not timed
+                start = time.perf_counter_ns()
+                lifecycle = api.RunnerLifecycle(store, runner_id=runner_id, target="local", base_dir=context.workdir,
+                                                resources={"cpu_seconds": 3600, "memory_bytes": 1 << 30},
+                                                post_session_hook_digest=HOOK_DIGEST, preflight_base_dir=_no_preflight)
+                lifecycle.snapshot()
+                elapsed = time.perf_counter_ns() - start
+                return store.stream_version(runner_id) * 1e9 / elapsed
+        return load
+
+    subjects = {"with snapshots": ours("runner-cold-snapshots")}
+    if no_snapshots:
+        subjects["without snapshots"] = ours("runner-cold-plain")
+    fleet = pyeventsourcing.Fleet(context.path("es-cold.db")) if pyeventsourcing.available() else None
+    try:
+        if fleet is not None:
+            aggregate = fleet.runner_with("runner-cold", COLD_EVENTS)
+            quiesce()
+
+            def es_load() -> float:
+                fleet.reopen()
+                start = time.perf_counter_ns()
+                version = fleet.load(aggregate)
+                return version * 1e9 / (time.perf_counter_ns() - start)
+            subjects["eventsourcing"] = es_load
+        rates = alternate(subjects, scale["cold_rounds"])
+    finally:
+        if fleet is not None:
+            fleet.close()
+    figures = []
+    for variant, name in (("without snapshots", "plain"), ("with snapshots", "snapshots")):
+        figure_name, figure_title = f"lifecycle.cold_load.{name}", f"{title}, {variant}"
+        if variant not in rates:
+            figures.append(unavailable(figure_name, figure_title, "eventsourcing reconstruction", Target(">=", 5),
+                                       "RunnerLifecycle has no snapshot_every to build a runner without snapshots"))
+        elif fleet is None:
+            figures.append(unavailable(figure_name, figure_title, "eventsourcing reconstruction", Target(">=", 5),
+                                       ES_MISSING, missing="not installed"))
+        else:
+            figures.append(compared(figure_name, figure_title, "ev/s", rates[variant],
+                                    rates["eventsourcing"], "eventsourcing reconstruction",
+                                    Target(">=", 5), samples=rates,
+                                    note="RunnerLifecycle(...).snapshot() on a fresh store handle vs "
+                                         "app.repository.get() on a fresh application, no snapshots there"
+                                    if name == "plain" else ""))
+    return figures
+
+
+# --- rebuild ----------------------------------------------------------------------------------------
+
+
+def _rebuild(context: Context, scale: dict[str, int]) -> Figure:
+    size = _sizes(context)[-1]
+    title = f"projections.rebuild over {size:,} events"
+    target = Target(">=", 300_000, of="value")
+    try:
+        from projections import rebuild
+    except ImportError:
+        return unavailable("lifecycle.rebuild", title, "bare replay loop", target, "projections.rebuild")
+    path = history.history_log(context, size)
+
+    def ours() -> float:
+        with EventStore.open(path) as store:
+            return rate(lambda: rebuild(store).events)
+
+    rates = alternate({"ours": ours, "bare": lambda: rate(lambda: raw_sqlite.bare_replay(path))},
+                      scale["rebuild_rounds"])
+    return compared("lifecycle.rebuild", title, "ev/s", rates["ours"], rates["bare"],
+                    "bare replay loop", target, samples=rates,
+                    note="an absolute target (events/s): compare with the bare loop's rate measured beside it")
+
+
+def run(context: Context) -> list[Figure]:
+    """Every lifecycle figure ("n/a" while the lifecycle has not landed)."""
+    scale = _scale(context)
+    if _lifecycle_api() is None:
+        why = "lifecycle_es.lifecycle.RunnerLifecycle has not landed"
+        return [unavailable(name, title, base, target, why) for name, title, base, target in (
+            ("lifecycle.command.single", "durable single command", "raw apsw INSERT+COMMIT", Target(">=", 0.8)),
+            ("lifecycle.command.vs_eventsourcing", "single command vs eventsourcing save", "eventsourcing save",
+             Target(">=", 1.5)),
+            ("lifecycle.latency", "command p50 with history", "at 1k", Target("<=", 1.2)),
+            ("lifecycle.vs_json.1024", "commands/s vs JSON file at 1024 leases", "seed's JSON file", Target(">=", 20)),
+            ("lifecycle.cold_load", "cold load of a 10,000-event runner", "eventsourcing reconstruction",
+             Target(">=", 5)),
+        )] + [_rebuild(context, scale)]
+    context.say("lifecycle: single commands")
+    figures = _single(context, scale)
+    context.say("lifecycle: latency with history")
+    figures += _latency(context, scale)
+    figures += _vs_json(context, scale)
+    figures += _cold_load(context, scale)
+    context.say("lifecycle: rebuild")
+    figures.append(_rebuild(context, scale))
+    return figures
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(modules={"lifecycle": run}))
