@@ -17,6 +17,7 @@ from typing import Any
 import apsw
 
 from .errors import (
+    IntegrityError,
     StoreBusyError,
     StoreError,
     StoreFencedError,
@@ -32,6 +33,7 @@ DURABILITY = {"full": 2, "normal": 1}
 
 Row = tuple[int, str, int, str, str, bytes, bytes, bytes]
 ROW_COLUMNS = "seq, stream, version, type, at, body, prev, hash"
+TEXT_COLUMNS = ("stream", "type", "at")
 
 # The migration ladder: MIGRATIONS[n] takes a store at user_version n-1 to n, in one transaction.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -185,6 +187,9 @@ class SqliteBackend:
             self.conn = apsw.Connection(path, flags=flags, vfs=vfs)
         try:
             with translated(f"open {path!r}"):
+                # The busy timeout goes first: reading the header must wait, like every later statement,
+                # while another process holds the file (converting it to WAL, or checkpointing as it closes).
+                set_busy_timeout(self.conn, busy_timeout_ms)
                 self._check_format()
                 if read_only:
                     apply_read_profile(self.conn, busy_timeout_ms=busy_timeout_ms)
@@ -195,6 +200,7 @@ class SqliteBackend:
                     self._migrate()
                 _expect(self.conn, "application_id", APPLICATION_ID)
                 _expect(self.conn, "user_version", SCHEMA_VERSION)
+                self._check_schema()
         except BaseException:
             self.conn.close()
             raise
@@ -205,8 +211,11 @@ class SqliteBackend:
         """Create a new store atomically: built under a temporary name, then linked into place.
 
         No one ever sees a half-made file at `path`, and two processes creating the same store at
-        once end with one of them opening the other's.
+        once end with one of them opening the other's. A non-empty ``<path>-wal`` with no file at `path`
+        is the WAL of a store removed underneath a process that then died: SQLite would replay its pages
+        into the new file, so creating is refused (StoreFormatError) until it is removed.
         """
+        _refuse_orphan_wal(path)
         directory = os.path.dirname(os.path.abspath(path))
         temp = os.path.join(directory, f".{os.path.basename(path)}.creating-{os.getpid()}-{os.urandom(4).hex()}")
         try:
@@ -256,6 +265,13 @@ class SqliteBackend:
             )
         if version < 1:
             raise StoreFormatError(f"{self.path!r} has no lifecycle-es schema (user_version {version})")
+
+    def _check_schema(self) -> None:
+        """A file with our application_id and version but without our tables is not a store either."""
+        names = {row[0] for row in self.conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+        missing = sorted({"meta", "events", "snapshots"} - names)
+        if missing:
+            raise StoreFormatError(f"{self.path!r} is not a lifecycle-es store: its tables {missing} are missing")
 
     def _migrate(self) -> None:
         """Step user_version up the ladder inside one IMMEDIATE transaction."""
@@ -319,10 +335,31 @@ class SqliteBackend:
         """Insert a ``meta`` value (inside a write transaction)."""
         self.conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
 
+    def _select(self, action: str, columns: str, tail: str, params: Sequence[Any] = ()) -> list[Any]:
+        """The rows of ``SELECT columns FROM events tail``; text that is not UTF-8 names its seq.
+
+        SQLite keeps whatever bytes a TEXT column was given; a file edited by hand can hold text that
+        does not decode, and that must surface as the IntegrityError of that row, not a UnicodeDecodeError.
+        """
+        with translated(action):
+            try:
+                return self.conn.execute(f"SELECT {columns} FROM events {tail}", params).fetchall()
+            except UnicodeDecodeError:
+                raise self._undecodable(tail, params) from None
+
+    def _undecodable(self, tail: str, params: Sequence[Any]) -> IntegrityError:
+        raw = ", ".join(f"CAST({column} AS BLOB)" for column in TEXT_COLUMNS)
+        for seq, *values in self.conn.execute(f"SELECT seq, {raw} FROM events {tail}", params):
+            for column, value in zip(TEXT_COLUMNS, values, strict=True):
+                try:
+                    value.decode()
+                except UnicodeDecodeError:
+                    return IntegrityError(seq, f"its {column} is not valid UTF-8 (edited outside the store)")
+        return IntegrityError(0, "a text value is not valid UTF-8 (edited outside the store)")
+
     def head(self) -> tuple[int, bytes | None, str | None]:
         """(seq, hash, at) of the last event; (0, None, None) for an empty log. An index lookup."""
-        with translated("read head"):
-            rows = self.conn.execute("SELECT seq, hash, at FROM events ORDER BY seq DESC LIMIT 1").fetchall()
+        rows = self._select("read head", "seq, hash, at", "ORDER BY seq DESC LIMIT 1")
         return rows[0] if rows else (0, None, None)
 
     def stream_version(self, stream: str) -> int:
@@ -337,34 +374,25 @@ class SqliteBackend:
 
     def rows(self, *, after: int, stream: str | None, limit: int) -> list[Row]:
         """Up to `limit` rows with seq > `after`, in seq order, optionally of one stream."""
-        with translated("read events"):
-            if stream is None:
-                cursor = self.conn.execute(
-                    f"SELECT {ROW_COLUMNS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit))
-            else:
-                # Versions rise with seq inside a stream, so the (stream, version) index gives seq order.
-                cursor = self.conn.execute(
-                    f"SELECT {ROW_COLUMNS} FROM events WHERE stream = ? AND seq > ? ORDER BY version LIMIT ?",
-                    (stream, after, limit))
-            return cursor.fetchall()
+        if stream is None:
+            return self._select("read events", ROW_COLUMNS, "WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit))
+        # Versions rise with seq inside a stream, so the (stream, version) index gives seq order.
+        return self._select("read events", ROW_COLUMNS, "WHERE stream = ? AND seq > ? ORDER BY version LIMIT ?",
+                            (stream, after, limit))
 
     def stream_rows(self, stream: str, *, after_version: int, limit: int) -> list[Row]:
         """Up to `limit` rows of one stream with version > `after_version`, in order."""
-        with translated("read stream"):
-            return self.conn.execute(
-                f"SELECT {ROW_COLUMNS} FROM events WHERE stream = ? AND version > ? ORDER BY version LIMIT ?",
-                (stream, after_version, limit)).fetchall()
+        return self._select("read stream", ROW_COLUMNS, "WHERE stream = ? AND version > ? ORDER BY version LIMIT ?",
+                            (stream, after_version, limit))
 
     def row_at(self, seq: int) -> Row | None:
         """The row at `seq`, if any."""
-        with translated("read event"):
-            rows = self.conn.execute(f"SELECT {ROW_COLUMNS} FROM events WHERE seq = ?", (seq,)).fetchall()
+        rows = self._select("read event", ROW_COLUMNS, "WHERE seq = ?", (seq,))
         return rows[0] if rows else None
 
     def streams(self) -> list[str]:
         """Every stream id, sorted."""
-        with translated("list streams"):
-            return [row[0] for row in self.conn.execute("SELECT DISTINCT stream FROM events ORDER BY stream")]
+        return [row[0] for row in self._select("list streams", "DISTINCT stream", "ORDER BY stream")]
 
     def data_version(self) -> int:
         """SQLite's data_version: changes when another connection commits."""
@@ -392,12 +420,42 @@ class SqliteBackend:
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         """Run one parameterized statement (read models use this inside the event transaction)."""
-        return self.conn.execute(sql, params).fetchall()
+        with translated("execute"):
+            return self.conn.execute(sql, params).fetchall()
 
     def close(self) -> None:
-        """Close the connection (SQLite checkpoints the WAL when the last connection closes)."""
+        """Close the connection (SQLite checkpoints the WAL when the last connection closes).
+
+        When the file at `path` is no longer the one opened (replaced or removed underneath), SQLite
+        skips that checkpoint and leaves our WAL at ``<path>-wal``, where the next opener of whatever
+        file is at `path` would replay our pages into it. So the WAL is first folded into the file it
+        belongs to (through our open descriptor) and emptied.
+        """
         with translated("close"):
+            if self._moved():
+                with contextlib.suppress(apsw.Error):
+                    self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self.conn.close()
+
+    def _moved(self) -> bool:
+        try:
+            return self.file_identity() != self.identity
+        except StoreFencedError:
+            return True
+
+
+def _refuse_orphan_wal(path: str) -> None:
+    wal = path + "-wal"
+    try:
+        orphan = os.stat(wal).st_size > 0
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StoreIOError(f"cannot create store {path!r}: cannot check {wal!r} ({exc.strerror})") from exc
+    # Checked after the WAL: a creator racing us links `path` before its WAL exists, so it is seen here.
+    if orphan and not os.path.lexists(path):
+        raise StoreFormatError(f"{wal!r} exists without its store {path!r} (a store removed while in use?); "
+                               "restore the store or remove the WAL before creating a new one")
 
 
 def _fsync_dir(directory: str) -> None:

@@ -26,13 +26,13 @@ import msgspec
 
 from . import chain
 from .backend import Backend, Row
-from .canonical import iso_ms
+from .canonical import MAX_EPOCH_MS, iso_ms, timestamp
 from .errors import (
     ConcurrencyError,
     IntegrityError,
     InvalidInputError,
-    StoreError,
     StoreFencedError,
+    StoreFormatError,
     StoreIOError,
     StoreKeyError,
 )
@@ -145,7 +145,7 @@ class EventStore:
         self._local_commits = 0
         store_id = backend.meta("store_id")
         if store_id is None:
-            raise StoreError(f"{backend.path!r} has no store id")
+            raise StoreFormatError(f"{backend.path!r} has no store id: not a lifecycle-es store")
         self.store_id: bytes = store_id
         stored_key_id = backend.meta("key_id")
         self.key_id: str | None = stored_key_id.decode() if stored_key_id is not None else None
@@ -294,7 +294,8 @@ class EventStore:
             safe_int(expected_version, "expected_version")
         if self.key_id is not None and self._key is None:
             raise StoreKeyError("this keyed store was opened without its key: it is read-only")
-        at = at if at is not None else iso_ms(self._now())
+        # `at` is hashed as stored, so it is held to the one canonical spelling (UTC, milliseconds, Z).
+        at = timestamp(at, "at") if at is not None else iso_ms(safe_int(self._now(), "now", 0, MAX_EPOCH_MS))
         backend = self._backend
         version = backend.stream_version(stream)
         if expected_version is not None and expected_version != version:
@@ -320,13 +321,16 @@ class EventStore:
         """Events with seq > `after`, in order, optionally of one stream, at most `limit`.
 
         Reads in pages, so memory stays flat however long the log, and no statement is left open
-        between yields.
+        between yields. Arguments are checked at the call, not at the first ``next()``.
         """
         safe_int(after, "after")
         if stream is not None:
             safe_id(stream, "stream")
         if limit is not None:
             safe_int(limit, "limit")
+        return self._read_pages(after, stream, limit)
+
+    def _read_pages(self, after: int, stream: str | None, limit: int | None) -> Iterator[RecordedEvent]:
         remaining = limit
         while remaining is None or remaining > 0:
             page = PAGE if remaining is None else min(PAGE, remaining)
@@ -343,6 +347,9 @@ class EventStore:
         """One stream's events with version > `after_version`, in order, in pages."""
         safe_id(stream, "stream")
         safe_int(after_version, "after_version")
+        return self._read_stream_pages(stream, after_version)
+
+    def _read_stream_pages(self, stream: str, after_version: int) -> Iterator[RecordedEvent]:
         while True:
             rows = self._backend.stream_rows(stream, after_version=after_version, limit=PAGE)
             for row in rows:
@@ -379,7 +386,12 @@ class EventStore:
         if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not (
                 0 < poll_interval <= 3600):
             raise InvalidInputError("poll_interval", f"poll_interval is invalid: {poll_interval!r} (0 < s <= 3600)")
-        last = safe_int(after, "after")
+        if stream is not None:
+            safe_id(stream, "stream")
+        return self._follow(safe_int(after, "after"), poll_interval, stream, stop)
+
+    def _follow(self, last: int, poll_interval: float, stream: str | None,
+                stop: threading.Event | None) -> Iterator[RecordedEvent]:
         seen: tuple[int, int] | None = None
         while stop is None or not stop.is_set():
             marker = (self._backend.data_version(), self._local_commits)
@@ -426,6 +438,11 @@ class EventStore:
                 expected += 1
                 if progress is not None and expected % 10_000 == 0:
                     progress(expected - 1)
+            # read() walks seq 1, 2, ...; a row moved to seq <= 0 would sit outside that walk unseen.
+            (count, lowest), = self._backend.execute("SELECT count(*), min(seq) FROM events")
+            if count != expected - 1:
+                raise IntegrityError(expected, f"the log holds {count} events but its chain only {expected - 1}: "
+                                               f"an event lies outside it (lowest seq {lowest})")
             report = VerifyReport(expected - 1, len(versions), Head(expected - 1, prev, at))
         if seal is not None:
             self.check_seal(seal, key=key)

@@ -1,0 +1,599 @@
+"""The store's files: what it refuses to open, what it creates, keys, seals, fences and the pragma profile.
+
+Every failure is asserted as its exact StoreError kind (never a raw apsw error), and every refusal that
+could have touched a file is checked to have left it byte-identical.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import apsw
+import msgspec
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from lifecycle_es import (
+    EventStore,
+    InvalidInputError,
+    StoreBehindSealError,
+    StoreBusyError,
+    StoreFencedError,
+    StoreFormatError,
+    StoreIOError,
+    StoreKeyError,
+    StorePragmaError,
+    chain,
+)
+from lifecycle_es.canonical import iso_ms
+from lifecycle_es.events import ReclaimCompleted, RunnerParked, encode
+from lifecycle_es.sqlite import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, apply_profile, set_foreign_keys
+
+KEY = bytes(range(32))
+OTHER_KEY = bytes(range(1, 33))
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def raises_exactly(kind: type[BaseException]) -> pytest.RaisesExc:
+    """pytest.raises that refuses a subclass: each case names the one kind the store must raise."""
+    return pytest.raises(kind, check=lambda exc: type(exc) is kind)
+
+
+def file_digests(path: Path) -> dict[str, str | None]:
+    """Digests of the durable files (the db and its WAL); -shm is a rebuildable index, not data."""
+    digests: dict[str, str | None] = {}
+    for suffix in ("", "-wal", "-journal"):
+        part = Path(f"{path}{suffix}")
+        digests[suffix] = hashlib.sha256(part.read_bytes()).hexdigest() if part.exists() else None
+    return digests
+
+
+def make_store(path: Path, events: int = 3, *, key: bytes | None = None) -> None:
+    with EventStore.open(path, key=key) as store:
+        for n in range(1, events + 1):
+            store.append("runner-1", [ReclaimCompleted(generation=n)])
+
+
+def write_pragmas(path: Path, *statements: str) -> None:
+    conn = apsw.Connection(str(path))
+    try:
+        for statement in statements:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
+# --- files that are not stores -----------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(min_size=1, max_size=8192))
+def test_random_bytes_are_refused_and_left_alone(tmp_path: Path, data: bytes) -> None:
+    assume(not data.startswith(SQLITE_HEADER))
+    path = tmp_path / f"random-{hashlib.sha256(data).hexdigest()[:16]}.db"
+    path.write_bytes(data)
+    with raises_exactly(StoreFormatError):
+        EventStore.open(path)
+    assert path.read_bytes() == data
+    assert not Path(f"{path}-wal").exists()
+
+
+def test_empty_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    path.touch()
+    with raises_exactly(StoreFormatError):
+        EventStore.open(path)
+    assert path.read_bytes() == b""
+
+
+def test_foreign_sqlite_file_is_refused_and_not_converted_to_wal(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    write_pragmas(path, "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)",
+                  "INSERT INTO notes (text) VALUES ('someone else''s data')")
+    before = file_digests(path)
+    with raises_exactly(StoreFormatError):
+        EventStore.open(path)
+    # Refusing must happen before the profile: journal_mode=wal would rewrite another app's file header.
+    assert file_digests(path) == before
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "newer.db"
+    make_store(path)
+    write_pragmas(path, f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    before = file_digests(path)
+    with raises_exactly(StoreFormatError) as info:
+        EventStore.open(path)
+    assert "newer" in str(info.value)
+    assert file_digests(path) == before
+
+
+def test_our_application_id_without_a_schema_is_refused(tmp_path: Path) -> None:
+    no_version = tmp_path / "no-version.db"
+    write_pragmas(no_version, f"PRAGMA application_id={APPLICATION_ID}", "CREATE TABLE t (x)")
+    with raises_exactly(StoreFormatError):
+        EventStore.open(no_version)
+    no_tables = tmp_path / "no-tables.db"
+    write_pragmas(no_tables, f"PRAGMA application_id={APPLICATION_ID}", f"PRAGMA user_version={SCHEMA_VERSION}",
+                  "CREATE TABLE t (x)")
+    with raises_exactly(StoreFormatError):
+        EventStore.open(no_tables)
+
+
+def test_store_without_store_id_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "no-id.db"
+    make_store(path, events=0)
+    write_pragmas(path, "DELETE FROM meta WHERE key = 'store_id'")
+    with raises_exactly(StoreFormatError):
+        EventStore.open(path)
+
+
+# --- paths -------------------------------------------------------------------------------------------
+
+
+def test_directory_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a-directory.db"
+    path.mkdir()
+    with raises_exactly(StoreFormatError):
+        EventStore.open(path)
+
+
+def test_symlink_is_refused_even_to_a_valid_store(tmp_path: Path) -> None:
+    real = tmp_path / "real.db"
+    make_store(real)
+    before = file_digests(real)
+    link = tmp_path / "link.db"
+    link.symlink_to(real)
+    with raises_exactly(StoreFormatError):
+        EventStore.open(link)
+    dangling = tmp_path / "dangling.db"
+    dangling.symlink_to(tmp_path / "nowhere.db")
+    with raises_exactly(StoreFormatError):
+        EventStore.open(dangling)
+    assert not (tmp_path / "nowhere.db").exists()
+    assert file_digests(real) == before
+
+
+def test_missing_parent_directory_is_refused(tmp_path: Path) -> None:
+    with raises_exactly(StoreIOError):
+        EventStore.open(tmp_path / "missing" / "events.db")
+    assert not (tmp_path / "missing").exists()
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with raises_exactly(StoreIOError):
+        EventStore.open(not_a_dir / "events.db")
+
+
+def test_directory_where_no_file_can_be_created(tmp_path: Path) -> None:
+    # procfs refuses to create files for everyone, root included.
+    with raises_exactly(StoreIOError):
+        EventStore.open("/proc/lifecycle-es-test.db")
+
+
+@contextlib.contextmanager
+def immutable(path: Path) -> Iterator[None]:
+    """chattr +i for the block. Tests run as root, which ignores mode bits but not the immutable flag."""
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot make {path} immutable (chattr +i: {done.stderr.strip()}); as root, mode bits "
+                    "alone cannot make a directory read-only")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@pytest.mark.skipif(shutil.which("chattr") is None, reason="chattr is not installed: no way to make a "
+                    "directory read-only for root")
+def test_read_only_directory_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "read-only"
+    directory.mkdir()
+    with immutable(directory):
+        with raises_exactly(StoreIOError):
+            EventStore.open(directory / "events.db")
+        assert os.listdir(directory) == []
+
+
+def test_invalid_open_arguments(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    for kwargs in ({"durability": "sometimes"}, {"busy_timeout_ms": -1}, {"busy_timeout_ms": True},
+                   {"key": b"short"}, {"key": "0" * 32}, {"now": 5}):
+        with raises_exactly(InvalidInputError):
+            EventStore.open(path, **kwargs)  # type: ignore[arg-type]
+    for bad in ("", "a\0b", b"bytes.db"):
+        with raises_exactly(InvalidInputError):
+            EventStore.open(bad)  # type: ignore[arg-type]
+    assert not path.exists()
+
+
+# --- what the store creates --------------------------------------------------------------------------
+
+
+def test_files_are_created_0600_whatever_the_umask(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    old = os.umask(0)  # with umask 0 the store's own mode is all that stands between the file and 0666
+    try:
+        with EventStore.open(path, key=KEY) as store:
+            store.append("runner-1", [ReclaimCompleted(generation=1)])
+            store.seal()
+            for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}.seal")):
+                assert stat.S_IMODE(name.stat().st_mode) == 0o600, name
+    finally:
+        os.umask(old)
+    assert [name for name in os.listdir(tmp_path) if ".creating-" in name or ".tmp-" in name] == []
+
+
+def test_concurrent_opens_of_one_new_path_share_one_store(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    barrier = threading.Barrier(4)
+    ids: list[bytes] = []
+    errors: list[BaseException] = []
+
+    def opener() -> None:
+        try:
+            barrier.wait()
+            with EventStore.open(path) as store:
+                ids.append(store.store_id)
+        except BaseException as exc:  # collected and re-raised in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=opener) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert len(ids) == 4 and len(set(ids)) == 1
+
+
+def test_open_waits_for_a_lock_held_elsewhere_up_to_the_busy_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    holder = apsw.Connection(str(path))
+    # EXCLUSIVE locking mode keeps the lock after the first write, so even reading the header must wait.
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN IMMEDIATE; INSERT INTO meta (key, value) VALUES ('held', x'00'); COMMIT")
+    try:
+        with raises_exactly(StoreBusyError):
+            EventStore.open(path, busy_timeout_ms=0)
+        release = threading.Timer(0.2, holder.close)
+        release.start()
+        try:
+            # Before the fix the header was read with no busy timeout: this failed at once.
+            with EventStore.open(path, busy_timeout_ms=30_000) as store:
+                assert store.head().seq == 3
+        finally:
+            release.join()
+    finally:
+        holder.close()
+
+
+def test_busy_error_is_also_a_timeout_error(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    with EventStore.open(path, busy_timeout_ms=0) as store:
+        before = file_digests(path)
+        holder = apsw.Connection(str(path))
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            with raises_exactly(StoreBusyError) as info:
+                store.append("runner-1", [ReclaimCompleted(generation=4)])
+            assert isinstance(info.value, TimeoutError)
+            assert file_digests(path) == before
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        store.append("runner-1", [ReclaimCompleted(generation=4)])
+        assert store.head().seq == 4
+
+
+# --- keys ---------------------------------------------------------------------------------------------
+
+
+def test_keyed_store_needs_its_key(tmp_path: Path) -> None:
+    path = tmp_path / "keyed.db"
+    make_store(path, key=KEY)
+    with raises_exactly(StoreKeyError):
+        EventStore.open(path, key=OTHER_KEY)
+    with EventStore.open(path) as store:  # no key: it opens, read-only
+        assert store.keyed and [r.version for r in store.read()] == [1, 2, 3]
+        before = file_digests(path)
+        with raises_exactly(StoreKeyError):
+            store.append("runner-1", [ReclaimCompleted(generation=4)])
+        with raises_exactly(StoreKeyError):
+            store.verify()
+        with raises_exactly(StoreKeyError):
+            store.verify(key=OTHER_KEY)
+        with raises_exactly(StoreKeyError):
+            store.seal()
+        assert file_digests(path) == before
+        assert store.verify(key=KEY).events == 3
+    with EventStore.open(path, key=KEY) as store:
+        assert store.verify().events == 3
+        store.append("runner-1", [ReclaimCompleted(generation=4)])
+
+
+def test_unkeyed_store_with_events_refuses_a_key(tmp_path: Path) -> None:
+    path = tmp_path / "plain.db"
+    make_store(path)
+    with raises_exactly(StoreKeyError):
+        EventStore.open(path, key=KEY)
+    with EventStore.open(path) as store, raises_exactly(StoreKeyError):
+        store.verify(key=KEY)
+
+
+def test_keyed_hashes_differ_from_unkeyed(tmp_path: Path) -> None:
+    path = tmp_path / "keyed.db"
+    make_store(path, events=1, key=KEY)
+    with EventStore.open(path, key=KEY) as store:
+        (first,) = store.read()
+        unkeyed = chain.link(chain.genesis(store.store_id), 1, first.stream, 1, first.type, first.at, first.body)
+        assert first.hash != unkeyed
+        assert first.hash == chain.link(first.prev, 1, first.stream, 1, first.type, first.at, first.body, KEY)
+
+
+# --- seals --------------------------------------------------------------------------------------------
+
+
+def tamper_seal(path: Path, change: dict[str, object]) -> None:
+    document = msgspec.json.decode(path.read_bytes())
+    for key, value in change.items():
+        if key == "mac":
+            document["mac"] = value
+        else:
+            document["seal"][key] = value
+    path.write_bytes(msgspec.json.encode(document))
+
+
+@pytest.mark.parametrize("key", [None, KEY], ids=["checksum", "mac"])
+@pytest.mark.parametrize("change", [{"seq": 1}, {"hash": "00" * 32}, {"at": "2020-01-01T00:00:00.000Z"},
+                                    {"mac": "00" * 32}], ids=["seq", "hash", "at", "mac"])
+def test_tampered_seal_is_refused(tmp_path: Path, key: bytes | None, change: dict[str, object]) -> None:
+    path = tmp_path / "events.db"
+    make_store(path, key=key)
+    with EventStore.open(path, key=key) as store:
+        store.seal()
+    tamper_seal(Path(f"{path}.seal"), change)
+    with raises_exactly(StoreFormatError):
+        EventStore.open(path, key=key)
+
+
+def test_garbage_seal_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    Path(f"{path}.seal").write_bytes(b"not a seal")
+    with raises_exactly(StoreFormatError):
+        EventStore.open(path)
+    Path(f"{path}.seal").write_bytes(b"{" * 5000)
+    with raises_exactly(StoreFormatError):
+        EventStore.open(path)
+
+
+def test_seal_of_another_store_is_refused(tmp_path: Path) -> None:
+    mine, theirs = tmp_path / "mine.db", tmp_path / "theirs.db"
+    make_store(mine)
+    make_store(theirs)
+    with EventStore.open(theirs) as store:
+        store.seal(f"{mine}.seal")
+    with raises_exactly(StoreBehindSealError):
+        EventStore.open(mine)
+
+
+def test_log_ahead_of_its_seal_opens(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    with EventStore.open(path) as store:
+        sealed = store.seal()
+        assert sealed.seq == 3 and sealed.hash == store.head().hash.hex()
+        store.append("runner-1", [ReclaimCompleted(generation=4)])
+    with EventStore.open(path) as store:
+        assert store.verify(seal=f"{path}.seal").events == 4
+
+
+def test_seal_of_an_empty_store(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    with EventStore.open(path) as store:
+        assert store.seal().seq == 0
+    with EventStore.open(path) as store:
+        store.append("runner-1", [ReclaimCompleted(generation=1)])
+
+
+def test_explicit_missing_seal_is_an_io_error(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    with raises_exactly(StoreIOError):
+        EventStore.open(path, seal=tmp_path / "missing.seal")
+
+
+# --- fences ------------------------------------------------------------------------------------------
+
+
+def test_fence_refuses_every_later_write(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    with EventStore.open(path) as store:
+        store.fence("a newer process took over")
+        before = file_digests(path)
+        for _ in range(2):  # nothing is retried on a fenced store: the second try fails the same way
+            with raises_exactly(StoreFencedError) as info:
+                store.append("runner-1", [ReclaimCompleted(generation=4)])
+            assert info.value.cause == "a newer process took over"
+        with raises_exactly(StoreFencedError), store.transaction():
+            pass
+        store.fence("a later cause does not replace the first")
+        assert store.fenced == "a newer process took over"
+        assert file_digests(path) == before
+        assert store.head().seq == 3 and store.verify().events == 3  # reads go on
+
+
+@pytest.mark.parametrize("remove_wal", [True, False], ids=["wal-removed-too", "only-the-db-replaced"])
+def test_file_replaced_underneath_fences_the_store(tmp_path: Path, remove_wal: bool) -> None:
+    path, other = tmp_path / "events.db", tmp_path / "other.db"
+    make_store(path)
+    make_store(other, events=1)
+    with EventStore.open(path) as store:
+        store.append("runner-1", [ReclaimCompleted(generation=4)])  # its frames sit in <path>-wal
+        os.replace(other, path)
+        if remove_wal:  # what a careful restore does
+            for suffix in ("-wal", "-shm"):
+                os.unlink(f"{path}{suffix}")
+        replaced = path.read_bytes()
+        with raises_exactly(StoreFencedError):
+            store.append("runner-1", [ReclaimCompleted(generation=5)])
+        assert store.fenced is not None and "replaced" in store.fenced
+        with raises_exactly(StoreFencedError):
+            store.append("runner-1", [ReclaimCompleted(generation=5)])
+        assert path.read_bytes() == replaced  # the fenced store never wrote into the file now at the path
+    # Closing the old store must not leave its WAL for the new file: SQLite skips the checkpoint of a
+    # moved file and would leave <path>-wal full of the old store's pages, replayed into the new one.
+    with EventStore.open(path) as store:
+        assert store.head().seq == 1
+        assert store.verify().events == 1
+
+
+def test_file_removed_underneath_fences_and_a_new_store_there_starts_clean(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    with EventStore.open(path) as store:
+        store.append("runner-1", [ReclaimCompleted(generation=4)])
+        os.unlink(path)
+        with raises_exactly(StoreFencedError):
+            store.append("runner-1", [ReclaimCompleted(generation=5)])
+        assert store.fenced is not None
+    with EventStore.open(path) as store:
+        assert store.head().seq == 0
+        store.append("runner-1", [ReclaimCompleted(generation=1)])
+        assert store.verify().events == 1
+
+
+def test_orphan_wal_is_not_replayed_into_a_new_store(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    # What a writer SIGKILLed after its store file was removed leaves behind: a WAL full of frames.
+    with EventStore.open(path) as store:
+        store.append("runner-1", [ReclaimCompleted(generation=4)])
+        orphan = Path(f"{path}-wal").read_bytes()
+    assert orphan
+    os.unlink(path)
+    Path(f"{path}-wal").write_bytes(orphan)
+    with raises_exactly(StoreFormatError):
+        EventStore.open(path)
+    assert not path.exists()
+    os.unlink(f"{path}-wal")
+    with EventStore.open(path) as store:
+        assert store.head().seq == 0
+
+
+# --- the pragma profile ------------------------------------------------------------------------------
+
+
+def test_pragma_that_does_not_take_in_memory() -> None:
+    conn = apsw.Connection(":memory:")
+    try:
+        with raises_exactly(StorePragmaError) as info:
+            apply_profile(conn, durability="full", busy_timeout_ms=1000)
+    finally:
+        conn.close()
+    assert (info.value.pragma, info.value.wanted, info.value.got) == ("journal_mode", "wal", "memory")
+
+
+def test_pragma_that_does_not_take_on_a_vfs_without_shared_memory(tmp_path: Path) -> None:
+    # unix-dotfile has no shared-memory primitives, so SQLite keeps the rollback journal: a real file,
+    # opened through the store's own entry point, where WAL cannot be had.
+    with raises_exactly(StorePragmaError) as info:
+        EventStore.open(tmp_path / "events.db", vfs="unix-dotfile")
+    assert (info.value.pragma, info.value.wanted, info.value.got) == ("journal_mode", "wal", "delete")
+
+
+def test_foreign_keys_do_not_take_inside_a_transaction(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    conn = apsw.Connection(str(path))
+    try:
+        conn.execute("BEGIN")
+        # SQLite documents PRAGMA foreign_keys as a no-op inside a transaction: the read-back catches it.
+        with raises_exactly(StorePragmaError) as info:
+            set_foreign_keys(conn)
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+    assert (info.value.pragma, info.value.wanted, info.value.got) == ("foreign_keys", 1, 0)
+
+
+@pytest.mark.parametrize("durability", ["full", "normal"])
+def test_profile_reads_back_on_open(tmp_path: Path, durability: str) -> None:
+    with EventStore.open(tmp_path / "events.db", durability=durability, busy_timeout_ms=1234) as store:
+        values = {name: store.backend.execute(f"PRAGMA {name}")[0][0] for name in (
+            "journal_mode", "synchronous", "foreign_keys", "busy_timeout", "trusted_schema", "application_id",
+            "user_version")}
+    assert values == {"journal_mode": "wal", "synchronous": 2 if durability == "full" else 1, "foreign_keys": 1,
+                      "busy_timeout": 1234, "trusted_schema": 0, "application_id": APPLICATION_ID,
+                      "user_version": SCHEMA_VERSION}
+
+
+# --- the migration ladder ----------------------------------------------------------------------------
+
+
+def test_version_1_file_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    store_id = os.urandom(16)
+    at = iso_ms(1_767_225_600_000)
+    events = [ReclaimCompleted(generation=1), RunnerParked(cause="drain-idle", generation=2)]
+    rows, prev = [], chain.genesis(store_id)
+    for seq, event in enumerate(events, start=1):
+        body = encode(event)
+        digest = chain.link(prev, seq, "runner-1", seq, type(event).__struct_config__.tag, at, body)
+        rows.append((seq, "runner-1", seq, type(event).__struct_config__.tag, at, body, prev, digest))
+        prev = digest
+    conn = apsw.Connection(str(path))
+    try:
+        conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+        conn.execute("BEGIN")
+        for statement in MIGRATIONS[1]:
+            conn.execute(statement)
+        conn.execute("INSERT INTO meta (key, value) VALUES ('store_id', ?)", (store_id,))
+        conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        conn.execute("PRAGMA user_version=1")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+    with EventStore.open(path) as store:
+        assert store.backend.execute("PRAGMA user_version")[0][0] == SCHEMA_VERSION
+        tables = {row[0] for row in store.backend.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+        assert {"meta", "events", "snapshots"} <= tables
+        assert store.store_id == store_id
+        assert [r.event for r in store.read()] == events
+        assert store.verify().events == 2
+        store.append("runner-1", [ReclaimCompleted(generation=3)], expected_version=2)
+    with EventStore.open(path) as store:
+        assert store.verify().events == 3
+
+
+# --- read-only opening -------------------------------------------------------------------------------
+
+
+def test_read_only_open_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    before = path.read_bytes()
+    with EventStore.open(path, read_only=True) as store:
+        assert store.verify().events == 3
+        with raises_exactly(StoreIOError):
+            store.append("runner-1", [ReclaimCompleted(generation=4)])
+    assert path.read_bytes() == before
+    # A WAL reader needs a -wal to exist; a read-only one may leave it behind, but with no frames in it.
+    wal = Path(f"{path}-wal")
+    assert not wal.exists() or wal.stat().st_size == 0
+    with raises_exactly(StoreIOError):
+        EventStore.open(tmp_path / "missing.db", read_only=True)
+    assert not (tmp_path / "missing.db").exists()
