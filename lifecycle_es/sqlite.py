@@ -154,6 +154,15 @@ def set_trusted_schema_off(conn: apsw.Connection) -> None:
     _expect(conn, "trusted_schema", 0)
 
 
+def set_recursive_triggers(conn: apsw.Connection) -> None:
+    """Recursive triggers on, so INSERT OR REPLACE cannot overwrite an event.
+
+    Only with them on does the row deletion a REPLACE makes fire the append-only trigger.
+    """
+    conn.execute("PRAGMA recursive_triggers=ON")
+    _expect(conn, "recursive_triggers", 1)
+
+
 def apply_profile(conn: apsw.Connection, *, durability: str, busy_timeout_ms: int) -> None:
     """Set every pragma of the profile and read each one back; StorePragmaError on a mismatch."""
     set_busy_timeout(conn, busy_timeout_ms)
@@ -161,6 +170,7 @@ def apply_profile(conn: apsw.Connection, *, durability: str, busy_timeout_ms: in
     set_journal_mode_wal(conn)
     set_synchronous(conn, durability)
     set_foreign_keys(conn)
+    set_recursive_triggers(conn)
 
 
 def apply_read_profile(conn: apsw.Connection, *, busy_timeout_ms: int) -> None:

@@ -289,7 +289,10 @@ class EventStore:
         safe_id(stream, "stream")
         if isinstance(events, Event) or not isinstance(events, Sequence) or not events:
             raise InvalidInputError("events", "events must be a non-empty sequence of events")
-        bodies = [(type_of(event), encode(event)) for event in events]
+        bodies: list[tuple[str, bytes]] = []
+        for event in events:
+            body = encode(event)  # first: it refuses what is not an event, before type_of touches it
+            bodies.append((type_of(event), body))
         if expected_version is not None:
             safe_int(expected_version, "expected_version")
         if self.key_id is not None and self._key is None:

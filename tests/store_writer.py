@@ -4,9 +4,10 @@
         Append ReclaimCompleted(generation=i) to stream ``crash-ROUND`` for i = 1, 2, ... until killed,
         printing ``SEQ I`` after each append returns: a printed line is an acknowledged commit.
     store_writer.py worker PATH NAME COUNT
-        Print ``ready``, wait for a line on stdin, then append COUNT events to stream NAME and COUNT // 4
-        to the shared stream ``shared`` (read its version, append with expected_version, retry on
-        ConcurrencyError), printing ``SEQ STREAM VERSION`` for each acknowledged event.
+        Print ``ready``, wait for a line on stdin, then open the store (creating it if need be: the
+        workers race to), append COUNT events to stream NAME and COUNT // 4 to the shared stream
+        ``shared`` (read its version, append with expected_version, retry on ConcurrencyError),
+        printing ``SEQ STREAM VERSION`` for each acknowledged event.
 
 Every line is flushed at once, so a parent that SIGKILLs this process knows what was acknowledged.
 """
@@ -32,9 +33,9 @@ def crash(path: str, round_: int, durability: str) -> None:
 
 
 def worker(path: str, name: str, count: int) -> None:
+    print("ready", flush=True)
+    sys.stdin.readline()
     with EventStore.open(path) as store:
-        print("ready", flush=True)
-        sys.stdin.readline()
         for i in range(1, count + 1):
             (recorded,) = store.append(name, [ReclaimCompleted(generation=i)], expected_version=i - 1)
             print(recorded.seq, recorded.stream, recorded.version, flush=True)

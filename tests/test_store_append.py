@@ -1,0 +1,164 @@
+"""Appending: a refused append leaves the files byte-identical; a batch is all or nothing.
+
+"Byte-identical" is checked on what is durable: the db file and its -wal, hashed before and after with
+the store left open (closing would checkpoint and move bytes between them). The -shm file is left out:
+it is a shared-memory index SQLite rebuilds from the WAL, and readers write their marks in it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FakeClock
+
+from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError
+from lifecycle_es.events import LeaseSettled, ReclaimCompleted, RunnerParked
+from lifecycle_es.store import RecordedEvent
+
+EVENT = ReclaimCompleted(generation=1)
+
+
+def durable_digests(path: str) -> tuple[str | None, ...]:
+    out = []
+    for suffix in ("", "-wal"):
+        part = Path(path + suffix)
+        out.append(hashlib.sha256(part.read_bytes()).hexdigest() if part.exists() else None)
+    return tuple(out)
+
+
+@pytest.fixture
+def started(store: EventStore) -> EventStore:
+    """A store with two streams in it, so the WAL holds frames a stray write would change."""
+    store.append("runner-1", [ReclaimCompleted(generation=1), RunnerParked(cause="drain-idle", generation=2)])
+    store.append("runner-2", [ReclaimCompleted(generation=1)])
+    return store
+
+
+REFUSED: list[tuple[str, dict[str, Any], type[Exception]]] = [
+    ("slash-in-stream", {"stream": "a/b"}, InvalidInputError),
+    ("empty-stream", {"stream": ""}, InvalidInputError),
+    ("stream-not-str", {"stream": 7}, InvalidInputError),
+    ("stream-too-long", {"stream": "r" * 257}, InvalidInputError),
+    ("no-events", {"events": []}, InvalidInputError),
+    ("one-event-not-a-list", {"events": EVENT}, InvalidInputError),
+    ("not-events", {"events": [1, 2]}, InvalidInputError),
+    ("a-string", {"events": "events"}, InvalidInputError),
+    ("a-dict-among-events", {"events": [EVENT, {"type": "ReclaimCompleted", "generation": 2}]}, InvalidInputError),
+    ("generator", {"events": (e for e in [EVENT])}, InvalidInputError),
+    ("expected-version-behind", {"expected_version": 1}, ConcurrencyError),
+    ("expected-version-ahead", {"expected_version": 3}, ConcurrencyError),
+    ("expected-version-new-stream", {"stream": "runner-9", "expected_version": 1}, ConcurrencyError),
+    ("expected-version-negative", {"expected_version": -1}, InvalidInputError),
+    ("expected-version-bool", {"expected_version": True}, InvalidInputError),
+    ("expected-version-str", {"expected_version": "2"}, InvalidInputError),
+    ("at-garbage", {"at": "yesterday"}, InvalidInputError),
+    ("at-no-offset", {"at": "2026-01-01T00:00:00"}, InvalidInputError),
+    ("at-naive-datetime", {"at": datetime(2026, 1, 1)}, InvalidInputError),  # naive: no offset
+    ("at-int", {"at": 1_767_225_600_000}, InvalidInputError),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [(k, e) for _, k, e in REFUSED], ids=[n for n, _, _ in REFUSED])
+def test_refused_append_leaves_the_files_byte_identical(
+        started: EventStore, kwargs: dict[str, Any], error: type[Exception]) -> None:
+    call: dict[str, Any] = {"stream": "runner-1", "events": [ReclaimCompleted(generation=3)]} | kwargs
+    before = durable_digests(started.path)
+    head = started.head()
+    with pytest.raises(error, check=lambda exc: type(exc) is error):
+        started.append(call.pop("stream"), call.pop("events"), **call)
+    assert durable_digests(started.path) == before
+    assert started.head() == head
+    assert started.verify().events == 3
+
+
+def test_concurrency_error_names_stream_expected_and_actual(started: EventStore) -> None:
+    with pytest.raises(ConcurrencyError) as info:
+        started.append("runner-1", [EVENT], expected_version=5)
+    assert (info.value.stream, info.value.expected, info.value.actual) == ("runner-1", 5, 2)
+    assert started.append("runner-1", [EVENT], expected_version=2)[0].version == 3
+
+
+def test_clock_that_returns_a_non_integer_is_refused(tmp_path: Path) -> None:
+    for bad in (1.5e12, -1, "now", None):
+        with EventStore.open(tmp_path / "events.db", now=lambda bad=bad: bad) as store:
+            before = durable_digests(store.path)
+            with pytest.raises(InvalidInputError):
+                store.append("runner-1", [EVENT])
+            assert durable_digests(store.path) == before
+
+
+def test_at_is_stored_canonical(store: EventStore, clock: FakeClock) -> None:
+    (recorded,) = store.append("runner-1", [EVENT])
+    assert recorded.at == "2026-01-01T00:00:00.000Z"
+    clock.advance(1_234)
+    (recorded,) = store.append("runner-1", [EVENT])
+    assert recorded.at == "2026-01-01T00:00:01.234Z"
+    (recorded,) = store.append("runner-1", [EVENT], at="2026-06-01T02:00:00.5+02:00")
+    assert recorded.at == "2026-06-01T00:00:00.500Z"
+    assert store.verify().events == 3
+
+
+class Failing:
+    """A projector whose read model write fails inside the event transaction."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.applied: list[int] = []
+
+    def catch_up(self, store: EventStore) -> None:
+        store.backend.execute("CREATE TABLE IF NOT EXISTS seen (seq INTEGER PRIMARY KEY) STRICT")
+
+    def apply(self, store: EventStore, recorded: Sequence[RecordedEvent]) -> None:
+        for r in recorded:
+            store.backend.execute("INSERT INTO seen (seq) VALUES (?)", (r.seq,))
+        if self.armed:
+            raise RuntimeError("read model broke")
+        self.applied.extend(r.seq for r in recorded)
+
+
+def test_batch_is_all_or_nothing(started: EventStore) -> None:
+    projector = Failing()
+    started.attach(projector)
+    started.append("runner-3", [EVENT])
+    before = durable_digests(started.path)
+    projector.armed = True
+    with pytest.raises(RuntimeError):
+        started.append("runner-3", [ReclaimCompleted(generation=2), ReclaimCompleted(generation=3)])
+    # Rows inserted and the read model written, then the failure: all of it rolled back.
+    assert durable_digests(started.path) == before
+    assert started.stream_version("runner-3") == 1
+    assert started.backend.execute("SELECT seq FROM seen") == [(4,)]
+    projector.armed = False
+    started.append("runner-3", [ReclaimCompleted(generation=2)], expected_version=1)
+    assert started.verify().events == 5
+
+
+def test_transaction_commits_several_appends_together_or_none(started: EventStore) -> None:
+    with started.transaction() as tx:
+        tx.append("runner-1", [ReclaimCompleted(generation=3)], expected_version=2)
+        assert tx.stream_version("runner-1") == 3
+        tx.append("runner-2", [LeaseSettled(lease_id="l", lease_generation=1, result_digest="sha256:" + "0" * 64)])
+    assert (started.stream_version("runner-1"), started.stream_version("runner-2")) == (3, 2)
+    before = durable_digests(started.path)
+    with pytest.raises(ConcurrencyError), started.transaction() as tx:
+        tx.append("runner-1", [ReclaimCompleted(generation=4)], expected_version=3)
+        tx.append("runner-2", [ReclaimCompleted(generation=4)], expected_version=0)  # stale: undoes both
+    assert durable_digests(started.path) == before
+    assert started.verify().events == 5
+
+
+def test_body_tag_differing_from_type_column_is_an_integrity_error(store: EventStore) -> None:
+    (recorded,) = store.append("runner-1", [EVENT])
+    forged = RecordedEvent(*recorded.row()[:3], "RunnerParked", *recorded.row()[4:])
+    with pytest.raises(IntegrityError) as info:
+        _ = forged.event
+    assert info.value.seq == 1
+    garbage = RecordedEvent(*recorded.row()[:5], b"{not json", *recorded.row()[6:])
+    with pytest.raises(IntegrityError):
+        _ = garbage.event
+

@@ -1,0 +1,352 @@
+"""What goes in comes out: the store against a small in-memory model, paging, and follow.
+
+The model is a list of rows ``(seq, stream, version, type, at, body)``; after every step the log must
+read back exactly as the model says (the bytes stored are the canonical bytes of the event appended),
+every query must agree with it, and the chain must verify, keyed or not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FakeClock
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from lifecycle_es import ConcurrencyError, EventStore, InvalidInputError
+from lifecycle_es import store as store_module
+from lifecycle_es.canonical import MAX_EPOCH_MS, iso_ms
+from lifecycle_es.events import (
+    Event,
+    LeaseSettled,
+    ReclaimCompleted,
+    RunnerParked,
+    UnitSignalled,
+    decode,
+    encode,
+    type_of,
+)
+from lifecycle_es.values import ID_RE
+
+ModelRow = tuple[int, str, int, str, str, bytes]
+
+GENERATIONS = st.integers(0, 2**53 - 1)
+IDS = st.from_regex(ID_RE, fullmatch=True)
+# A few fixed streams make streams interleave and grow; a generated one now and then tests the id rules.
+STREAMS = st.one_of(st.sampled_from(["runner-1", "runner-2", "runner.3@host:9"]), IDS)
+EVENTS = st.one_of(
+    st.builds(ReclaimCompleted, generation=GENERATIONS),
+    st.builds(RunnerParked, cause=st.sampled_from(["drain-settled", "lease-parked", "drain-expired", "drain-idle"]),
+              generation=GENERATIONS),
+    st.builds(LeaseSettled, lease_id=IDS, lease_generation=GENERATIONS,
+              result_digest=st.from_regex(r"sha256:[a-f0-9]{64}", fullmatch=True)),
+    # Free text (any Unicode but surrogates) in a body: canonical bytes must survive the round trip as-is.
+    st.builds(UnitSignalled, lease_id=IDS, signal=st.sampled_from(["SIGTERM", "SIGKILL"]), reason=st.text(max_size=40)),
+)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def as_model(recorded: Any) -> ModelRow:
+    return (recorded.seq, recorded.stream, recorded.version, recorded.type, recorded.at, recorded.body)
+
+
+class StoreModel(RuleBasedStateMachine):
+    """The real store, on a real file, beside a list of the rows it must hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.directory = Path(tempfile.mkdtemp(prefix="store-model-"))
+        self.path = self.directory / "events.db"
+        self.clock = FakeClock()
+        self.rows: list[ModelRow] = []
+        self.events: list[Event] = []
+        self.key: bytes | None = None
+        self.store: EventStore | None = None
+
+    @initialize(key=st.one_of(st.none(), st.binary(min_size=32, max_size=32)))
+    def open_store(self, key: bytes | None) -> None:
+        self.key = key
+        self.store = EventStore.open(self.path, key=key, now=self.clock.now)
+
+    def version(self, stream: str) -> int:
+        return max((row[2] for row in self.rows if row[1] == stream), default=0)
+
+    def record(self, stream: str, events: list[Event], at: str, recorded: list[Any]) -> None:
+        version = self.version(stream)
+        for offset, event in enumerate(events):
+            self.rows.append((len(self.rows) + 1, stream, version + offset + 1, type_of(event), at, encode(event)))
+            self.events.append(event)
+        assert [as_model(r) for r in recorded] == self.rows[-len(events):]
+        assert [r.event for r in recorded] == events
+
+    @rule(stream=STREAMS, events=st.lists(EVENTS, min_size=1, max_size=5), step_ms=st.integers(0, 86_400_000))
+    def append(self, stream: str, events: list[Event], step_ms: int) -> None:
+        assert self.store is not None
+        self.clock.advance(step_ms)
+        recorded = self.store.append(stream, events, expected_version=self.version(stream))
+        self.record(stream, events, iso_ms(self.clock.now()), recorded)
+
+    @rule(stream=STREAMS, events=st.lists(EVENTS, min_size=1, max_size=3), ms=st.integers(0, MAX_EPOCH_MS),
+          spelling=st.sampled_from(["canonical", "offset", "datetime"]))
+    def append_at(self, stream: str, events: list[Event], ms: int, spelling: str) -> None:
+        assert self.store is not None
+        # Every spelling of one instant is stored as the one canonical string (it is hashed as stored).
+        at: Any = {"canonical": iso_ms(ms), "offset": iso_ms(ms)[:-1] + "+00:00",
+                   "datetime": EPOCH + timedelta(milliseconds=ms)}[spelling]
+        recorded = self.store.append(stream, events, at=at)  # no expected_version: appends whatever the version
+        self.record(stream, events, iso_ms(ms), recorded)
+
+    @rule(stream=STREAMS, events=st.lists(EVENTS, min_size=1, max_size=3), expected=st.integers(0, 20))
+    def append_with_a_stale_version(self, stream: str, events: list[Event], expected: int) -> None:
+        assert self.store is not None
+        actual = self.version(stream)
+        assume(expected != actual)
+        with pytest.raises(ConcurrencyError) as info:
+            self.store.append(stream, events, expected_version=expected)
+        assert (info.value.stream, info.value.expected, info.value.actual) == (stream, expected, actual)
+
+    @rule()
+    def reopen(self) -> None:
+        assert self.store is not None
+        self.store.close()
+        self.store = EventStore.open(self.path, key=self.key, now=self.clock.now)
+
+    @rule(after=st.integers(0, 60), stream=st.one_of(st.none(), STREAMS),
+          limit=st.one_of(st.none(), st.integers(0, 60)))
+    def read_some(self, after: int, stream: str | None, limit: int | None) -> None:
+        assert self.store is not None
+        wanted = [row for row in self.rows if row[0] > after and (stream is None or row[1] == stream)]
+        got = [as_model(r) for r in self.store.read(after=after, stream=stream, limit=limit)]
+        assert got == (wanted if limit is None else wanted[:limit])
+
+    @invariant()
+    def log_matches_model(self) -> None:
+        if self.store is None:
+            return
+        store = self.store
+        recorded = list(store.read())
+        assert [as_model(r) for r in recorded] == self.rows
+        assert [r.event for r in recorded] == self.events
+        assert all(decode(row[5]) == event for row, event in zip(self.rows, self.events, strict=True))
+        streams = sorted({row[1] for row in self.rows})
+        assert store.streams() == streams
+        for stream in streams:
+            mine = [row for row in self.rows if row[1] == stream]
+            assert [as_model(r) for r in store.read_stream(stream)] == mine
+            assert [r.version for r in store.read_stream(stream)] == list(range(1, len(mine) + 1))
+            assert store.stream_version(stream) == len(mine)
+        assert store.stream_version("never-written") == 0
+        head = store.head()
+        report = store.verify()
+        assert report.events == head.seq == len(self.rows)
+        assert report.streams == len(streams)
+        assert report.head == head
+        if self.rows:
+            assert head.hash == recorded[-1].hash and head.at == self.rows[-1][4]
+            for position in {0, len(recorded) // 2, len(recorded) - 1}:
+                assert store.event_at(recorded[position].seq) == recorded[position]
+            assert all(later.prev == earlier.hash for earlier, later in itertools.pairwise(recorded))
+        assert store.event_at(len(self.rows) + 1) is None
+        assert store.event_at(0) is None
+
+    def teardown(self) -> None:
+        if self.store is not None:
+            self.store.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+StoreModel.TestCase.settings = settings(max_examples=20, stateful_step_count=15, deadline=None)
+TestStoreModel = StoreModel.TestCase
+
+
+# --- paging across PAGE ------------------------------------------------------------------------------------
+
+TOTAL = 4_500
+
+
+def stream_of(seq: int) -> str:
+    return "a" if seq % 3 else ("b" if seq % 2 else "c")
+
+
+@pytest.fixture(scope="module")
+def long_log(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    assert store_module.PAGE == 2000, "the cases below are placed around a 2000-row page"
+    path = tmp_path_factory.mktemp("long") / "events.db"
+    with EventStore.open(path, now=FakeClock().now) as store:
+        with store.transaction() as tx:  # one commit: 4500 fsyncs would cost seconds for nothing
+            for seq in range(1, TOTAL + 1):
+                tx.append(stream_of(seq), [ReclaimCompleted(generation=seq)])
+        rows = [as_model(r) for r in store.read()]
+    store = EventStore.open(path)
+    yield store, rows
+    store.close()
+
+
+def expected_read(rows: list[ModelRow], after: int, stream: str | None, limit: int | None) -> list[ModelRow]:
+    wanted = [row for row in rows if row[0] > after and (stream is None or row[1] == stream)]
+    return wanted if limit is None else wanted[:limit]
+
+
+def test_long_log_is_whole(long_log: Any) -> None:
+    store, rows = long_log
+    assert [row[0] for row in rows] == list(range(1, TOTAL + 1))
+    assert store.verify().events == TOTAL
+    assert store.streams() == ["a", "b", "c"]
+    assert store.stream_version("a") == 3000
+
+
+@pytest.mark.parametrize(("after", "stream", "limit"), [
+    (0, None, None), (0, None, 2000), (0, None, 2001), (0, None, 1999), (1999, None, 2), (1999, None, None),
+    (2000, None, 1), (3999, None, 2002), (4499, None, None), (4500, None, None), (9999, None, None),
+    (0, None, 0), (0, "a", None), (0, "a", 2000), (0, "a", 2001), (10, "a", 2500), (2999, "a", None),
+    (0, "b", None), (4000, "c", 5), (0, "nobody", None),
+])
+def test_read_pages(long_log: Any, after: int, stream: str | None, limit: int | None) -> None:
+    store, rows = long_log
+    got = [as_model(r) for r in store.read(after=after, stream=stream, limit=limit)]
+    assert got == expected_read(rows, after, stream, limit)
+
+
+near_a_page = st.one_of(st.integers(0, TOTAL + 10), st.sampled_from([1999, 2000, 2001, 3999, 4000, 4001]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(after=near_a_page, stream=st.sampled_from([None, "a", "b", "c"]), limit=st.one_of(st.none(), near_a_page))
+def test_read_pages_property(long_log: Any, after: int, stream: str | None, limit: int | None) -> None:
+    store, rows = long_log
+    got = [as_model(r) for r in store.read(after=after, stream=stream, limit=limit)]
+    assert got == expected_read(rows, after, stream, limit)
+
+
+@pytest.mark.parametrize("after_version", [0, 1, 1999, 2000, 2001, 2999, 3000, 5000])
+def test_read_stream_pages(long_log: Any, after_version: int) -> None:
+    store, rows = long_log
+    mine = [row for row in rows if row[1] == "a"]
+    got = [as_model(r) for r in store.read_stream("a", after_version=after_version)]
+    assert got == mine[after_version:]
+
+
+def test_read_arguments_are_checked_at_the_call(store: EventStore) -> None:
+    for kwargs in ({"after": -1}, {"after": True}, {"stream": "a/b"}, {"limit": -1}, {"limit": 1.5}):
+        with pytest.raises(InvalidInputError):
+            store.read(**kwargs)  # no next(): a bad argument must not wait for the first page
+    with pytest.raises(InvalidInputError):
+        store.read_stream("")
+    with pytest.raises(InvalidInputError):
+        store.read_stream("a", after_version=-1)
+    for kwargs in ({"poll_interval": 0}, {"poll_interval": True}, {"after": -1}, {"stream": "a b"}):
+        with pytest.raises(InvalidInputError):
+            store.follow(**kwargs)
+    for bad in (-1, "1", None):
+        with pytest.raises(InvalidInputError):
+            store.event_at(bad)  # type: ignore[arg-type]
+
+
+def test_empty_log(store: EventStore) -> None:
+    head = store.head()
+    assert head.seq == 0 and head.at is None and len(head.hash) == 32
+    assert list(store.read()) == [] and store.streams() == [] and store.stream_version("x") == 0
+    assert store.verify().events == 0
+
+
+# --- follow -----------------------------------------------------------------------------------------------
+
+GUARD_S = 30  # a failing follow must end the test, not hang it; nothing is asserted about time
+
+
+def guarded(stop: threading.Event) -> threading.Timer:
+    timer = threading.Timer(GUARD_S, stop.set)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def test_follow_yields_what_another_connection_commits(store: EventStore) -> None:
+    store.append("runner-1", [ReclaimCompleted(generation=1)])
+    stop, go = threading.Event(), threading.Event()
+    written: list[Event] = [ReclaimCompleted(generation=2), RunnerParked(cause="drain-idle", generation=3),
+                            ReclaimCompleted(generation=4)]
+    failures: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            go.wait(GUARD_S)
+            with EventStore.open(store.path) as other:  # its own connection: what another process does
+                other.append("runner-1", written[:2])
+                other.append("runner-2", written[2:])
+        except BaseException as exc:  # reported by the test thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    timer = guarded(stop)
+    seen: list[Any] = []
+    try:
+        for recorded in store.follow(poll_interval=0.01, stop=stop):
+            seen.append(recorded)
+            if recorded.seq == 1:
+                go.set()  # written only once follow is past what was there when it started
+            if len(seen) == 4:
+                break
+    finally:
+        timer.cancel()
+        go.set()
+        thread.join(GUARD_S)
+    assert failures == []
+    assert [r.seq for r in seen] == [1, 2, 3, 4]
+    assert [r.event for r in seen[1:]] == written
+
+
+def test_follow_yields_this_connections_own_commits(store: EventStore) -> None:
+    # data_version does not move for a connection's own commits; follow must see them anyway.
+    store.append("runner-1", [ReclaimCompleted(generation=1)])
+    stop = threading.Event()
+    timer = guarded(stop)
+    seen: list[int] = []
+    try:
+        for recorded in store.follow(poll_interval=0.01, stop=stop):
+            seen.append(recorded.seq)
+            if recorded.seq < 3:
+                store.append("runner-1", [ReclaimCompleted(generation=recorded.seq + 1)])
+            else:
+                break
+    finally:
+        timer.cancel()
+    assert seen == [1, 2, 3]
+
+
+def test_follow_one_stream_after_a_seq(store: EventStore) -> None:
+    for n in range(1, 7):
+        store.append("x" if n % 2 else "y", [ReclaimCompleted(generation=n)])
+    stop = threading.Event()
+    timer = guarded(stop)
+    seen: list[int] = []
+    try:
+        for recorded in store.follow(after=1, stream="x", poll_interval=0.01, stop=stop):
+            seen.append(recorded.seq)
+            if len(seen) == 2:
+                stop.set()  # and the generator ends by itself
+    finally:
+        timer.cancel()
+    assert seen == [3, 5]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.binary(min_size=32, max_size=32), events=st.lists(EVENTS, min_size=1, max_size=8))
+def test_keyed_round_trip_survives_reopen(tmp_path: Path, key: bytes, events: list[Event]) -> None:
+    path = tmp_path / f"{uuid.uuid4().hex}.db"
+    with EventStore.open(path, key=key) as store:
+        written = store.append("runner-1", events, expected_version=0)
+    with EventStore.open(path, key=key) as store:
+        assert list(store.read()) == written
+        assert [r.event for r in store.read()] == events
+        assert store.verify().events == len(events)
