@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import apsw
@@ -217,13 +217,15 @@ class SqliteBackend:
         self.identity = self.file_identity()
 
     @staticmethod
-    def _create(path: str, vfs: str | None) -> None:
+    def _create(path: str, vfs: str | None, *, store_id: bytes | None = None, key_id: str | None = None,
+                rows: Iterable[Row] = (), exclusive: bool = False) -> None:
         """Create a new store atomically: built under a temporary name, then linked into place.
 
         No one ever sees a half-made file at `path`, and two processes creating the same store at
         once end with one of them opening the other's. A non-empty ``<path>-wal`` with no file at `path`
         is the WAL of a store removed underneath a process that then died: SQLite would replay its pages
         into the new file, so creating is refused (StoreFormatError) until it is removed.
+        `store_id`, `key_id`, `rows` and `exclusive` serve `create_store` (see there).
         """
         _refuse_orphan_wal(path)
         directory = os.path.dirname(os.path.abspath(path))
@@ -243,7 +245,11 @@ class SqliteBackend:
                     for version in range(1, SCHEMA_VERSION + 1):
                         for statement in MIGRATIONS[version]:
                             conn.execute(statement)
-                    conn.execute("INSERT INTO meta (key, value) VALUES ('store_id', ?)", (os.urandom(16),))
+                    conn.execute("INSERT INTO meta (key, value) VALUES ('store_id', ?)",
+                                 (store_id if store_id is not None else os.urandom(16),))
+                    if key_id is not None:
+                        conn.execute("INSERT INTO meta (key, value) VALUES ('key_id', ?)", (key_id.encode(),))
+                    conn.executemany(f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
                     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                     conn.execute("COMMIT")
                 finally:
@@ -253,8 +259,11 @@ class SqliteBackend:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.link(temp, path)
+            except FileExistsError:
+                if exclusive:
+                    raise StoreIOError(f"cannot create store {path!r}: a file exists there") from None
             _fsync_dir(directory)
         except OSError as exc:
             raise StoreIOError(f"cannot create store {path!r}: {exc.strerror}") from exc
@@ -452,6 +461,20 @@ class SqliteBackend:
             return self.file_identity() != self.identity
         except StoreFencedError:
             return True
+
+
+def create_store(path: str, *, store_id: bytes, key_id: str | None, rows: Iterable[Row]) -> None:
+    """Create a new store file at `path` that holds `rows` exactly, under the given store id and key id.
+
+    For restoring an export (``lifecycle-es import``): the rows were chained under `store_id` (their
+    first ``prev`` derives from it), so they go in as they are, never re-chained, and the caller
+    verifies the chain before and after. The file is built under a temporary name and linked into place
+    once every row is in: `path` ends up holding all of them or nothing is there. A file already at
+    `path` raises StoreIOError and is left alone; an exception raised by `rows` propagates.
+    """
+    if os.path.lexists(path):
+        raise StoreIOError(f"cannot create store {path!r}: a file exists there")
+    SqliteBackend._create(path, None, store_id=store_id, key_id=key_id, rows=rows, exclusive=True)
 
 
 def _refuse_orphan_wal(path: str) -> None:
