@@ -241,8 +241,10 @@ def number(value: float | None) -> str:
 
 
 def ratio_text(value: float | None) -> str:
-    """A ratio as ``1.23x``."""
-    return "-" if value is None else f"{value:.2f}x"
+    """A ratio to three significant digits (``0.797x``, ``22.9x``), so a verdict at the edge reads right."""
+    if value is None:
+        return "-"
+    return f"{value:,.0f}x" if value >= 99.95 else f"{value:#.3g}x"
 
 
 def verdict(figure: Figure) -> str:

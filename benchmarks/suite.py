@@ -92,9 +92,9 @@ def _load(name: str) -> Benchmark:
     return module.run  # type: ignore[no-any-return]
 
 
-def _parse(argv: Sequence[str] | None, whole_suite: bool) -> argparse.Namespace:
+def _parse(argv: Sequence[str] | None, prog: str, whole_suite: bool) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks" if whole_suite else None,
+        prog=prog,
         description="lifecycle-es benchmarks: ratios against baselines measured in the same run.")
     parser.add_argument("--quick", action="store_true", help="smaller logs and fewer rounds (under 2 minutes)")
     if whole_suite:
@@ -109,7 +109,8 @@ def _parse(argv: Sequence[str] | None, whole_suite: bool) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None, *, modules: dict[str, Benchmark] | None = None) -> int:
     """Run the chosen modules, print the table, write the JSON; 1 when a module raised."""
-    args = _parse(argv, whole_suite=modules is None)
+    prog = "python -m benchmarks" + ("" if modules is None else "." + ".".join(modules))
+    args = _parse(argv, prog, whole_suite=modules is None)
     if modules is None:
         modules = {name: _load(name) for name in (args.only or MODULES)}
     parent = args.data_dir or None
