@@ -29,10 +29,10 @@ AUTHORITY = ProxyAuthority(id="proxy-1", revision=1, issued_at=AT,
 RESOURCES = Resources(cpu_seconds=3600, memory_bytes=1 << 30)
 
 
-def initialized(runner_id: str, base_dir: str = "/srv/runners") -> RunnerInitialized:
-    """The first event of a runner's stream."""
+def initialized(runner_id: str, base_dir: str | None = None) -> RunnerInitialized:
+    """The first event of a runner's stream (base dir ``/srv/runners/<id>`` unless given)."""
     return RunnerInitialized(schema="cc-execution-location-runner-lifecycle/v1", runner_id=runner_id,
-                             target="local", base_dir=f"{base_dir}/{runner_id}", resources=RESOURCES,
+                             target="local", base_dir=base_dir or f"/srv/runners/{runner_id}", resources=RESOURCES,
                              post_session_hook_digest=DIGEST)
 
 
@@ -46,9 +46,9 @@ def lease_pair(runner_id: str, n: int) -> tuple[LeaseAcquired, LeaseSettled]:
     )
 
 
-def runner_events(runner_id: str, count: int) -> Iterator[Event]:
-    """`count` events of one runner: initialized, then acquire/settle pairs."""
-    yield initialized(runner_id)
+def runner_events(runner_id: str, count: int, *, base_dir: str | None = None) -> Iterator[Event]:
+    """`count` events of one runner: initialized (under `base_dir`), then acquire/settle pairs."""
+    yield initialized(runner_id) if base_dir is None else initialized(runner_id, base_dir)
     produced, n = 1, 0
     while produced < count:
         for event in lease_pair(runner_id, n):
@@ -63,15 +63,19 @@ def other_runner(n: int) -> str:
     return f"other-{n:06d}"
 
 
+def append_runner(store: EventStore, runner_id: str, count: int, *, base_dir: str | None = None) -> None:
+    """Append a runner of `count` events to `store`, BATCH at a time."""
+    events = list(runner_events(runner_id, count, base_dir=base_dir))
+    for start in range(0, len(events), BATCH):
+        store.append(runner_id, events[start:start + BATCH], at=AT)
+
+
 def fill(store: EventStore, total: int) -> None:
     """Append `total` events of other runners to `store`, BATCH at a time."""
     runner = 0
     while total > 0:
         count = min(EVENTS_PER_RUNNER, total)
-        runner_id = other_runner(runner)
-        events = list(runner_events(runner_id, count))
-        for start in range(0, len(events), BATCH):
-            store.append(runner_id, events[start:start + BATCH], at=AT)
+        append_runner(store, other_runner(runner), count)
         total -= count
         runner += 1
 

@@ -22,14 +22,12 @@ import inspect
 import itertools
 import time
 from collections.abc import Callable
-from typing import Any
 
-from lifecycle_es import EventStore, ProxyAuthority, Resources
-from lifecycle_es.canonical import iso_ms
+from lifecycle_es import EventStore
 from lifecycle_es.events import encode
 
-from . import history
-from .baselines import json_store, pyeventsourcing, raw_sqlite
+from . import history, runners
+from .baselines import pyeventsourcing, raw_sqlite
 from .measure import (
     Figure,
     Target,
@@ -43,9 +41,8 @@ from .measure import (
 )
 from .suite import Context, main
 
-HOOK_DIGEST = "sha256:" + "0" * 64
-RESULT_DIGEST = "sha256:" + "c" * 64
 COLD_EVENTS = 10_000
+COLD_TAIL = 100
 JSON_LEASES = (10, 256, 1024)
 PREFLIGHT = "no-op base dir preflight on both sides"
 ES_MISSING = "eventsourcing is not installed: pip install -e '.[bench]'"
@@ -63,93 +60,6 @@ def _sizes(context: Context) -> list[int]:
     return [1_000, 100_000] if context.quick else [1_000, 100_000, 1_000_000]
 
 
-def _lifecycle_api() -> Any:
-    """The lifecycle module, or None while it has not landed."""
-    try:
-        from lifecycle_es import lifecycle
-    except ImportError:
-        return None
-    return lifecycle if hasattr(lifecycle, "RunnerLifecycle") else None
-
-
-def _no_preflight(base_dir: str) -> None:
-    return None
-
-
-class _Authority:
-    """A proxy authority minted from the wall clock and renewed before it grows stale (same id and revision).
-
-    A caller mints one and passes it to many commands, so it is built once per minute, not per command.
-    """
-
-    def __init__(self) -> None:
-        self._minted = 0
-        self._fields: dict[str, Any] = {}
-        self._value: ProxyAuthority | None = None
-
-    def now_ms(self) -> int:
-        return time.time_ns() // 1_000_000
-
-    def _renew(self) -> None:
-        now = self.now_ms()
-        if now - self._minted > 60_000:
-            self._minted = now
-            self._fields = {"id": "proxy-1", "revision": 1, "issued_at": iso_ms(now),
-                            "expires_at": iso_ms(now + 3_600_000)}
-            self._value = ProxyAuthority(**self._fields)
-
-    def fields(self) -> dict[str, Any]:
-        """The authority as the seed's JSON store takes it (camelCase keys)."""
-        self._renew()
-        return {"id": self._fields["id"], "revision": self._fields["revision"],
-                "issuedAt": self._fields["issued_at"], "expiresAt": self._fields["expires_at"]}
-
-    def value(self) -> ProxyAuthority:
-        """The authority as the lifecycle takes it."""
-        self._renew()
-        assert self._value is not None
-        return self._value
-
-
-_AUTHORITY = _Authority()
-_IDS = itertools.count(1)
-
-
-def _random_id() -> str:
-    return f"{next(_IDS):012d}"
-
-
-class _Runner:
-    """A `RunnerLifecycle` driven by acquire_lease / settle_lease commands, one transaction each."""
-
-    def __init__(self, store: EventStore, runner_id: str, base_dir: str, *, snapshot_every: int | None = None) -> None:
-        api = _lifecycle_api()
-        extra = {} if snapshot_every is None else {"snapshot_every": snapshot_every}
-        self.lifecycle = api.RunnerLifecycle(
-            store, runner_id=runner_id, target="local", base_dir=base_dir,
-            resources=Resources(cpu_seconds=3600, memory_bytes=1 << 30), post_session_hook_digest=HOOK_DIGEST,
-            random_id=_random_id, preflight_base_dir=_no_preflight, **extra)
-        self.generation = self.lifecycle.initialize().generation
-        self.sessions = itertools.count()
-        self.pending: Any = None
-
-    def command(self, _: int = 0) -> None:
-        """The next command: acquire a lease, or settle the one acquired last."""
-        if self.pending is None:
-            self.pending = self.lifecycle.acquire_lease(
-                session_id=f"session-{next(self.sessions)}", expected_generation=self.generation,
-                proxy_authority=_AUTHORITY.value()).lease
-        else:
-            lease, self.pending = self.pending, None
-            self.lifecycle.settle_lease(lease_id=lease.id, lease_generation=lease.generation,
-                                        result_digest=RESULT_DIGEST)
-
-    def commands(self, count: int) -> int:
-        for _ in range(count):
-            self.command()
-        return count
-
-
 def _raw_body() -> bytes:
     return encode(history.lease_pair("runner-raw", 0)[0])
 
@@ -163,7 +73,7 @@ def _single(context: Context, scale: dict[str, int]) -> list[Figure]:
     conn = raw_sqlite.open_raw(context.path("raw-single.db"))
     fleet = pyeventsourcing.Fleet(context.path("es-single.db")) if pyeventsourcing.available() else None
     try:
-        runner = _Runner(store, "runner-single", context.workdir)
+        runner = runners.LifecycleRunner(store, "runner-single", context.workdir)
         body, seq = _raw_body(), itertools.count(1)
         count = scale["commands"]
 
@@ -222,12 +132,13 @@ def _latency(context: Context, scale: dict[str, int]) -> list[Figure]:
     sizes = _sizes(context)
     stores = {size: EventStore.open(history.history_log(context, size)) for size in sizes}
     try:
-        runners = {size: _Runner(store, "runner-latency", context.workdir) for size, store in stores.items()}
+        drivers = {size: runners.LifecycleRunner(store, "runner-latency", context.workdir)
+                   for size, store in stores.items()}
         samples: dict[int, list[float]] = {size: [] for size in sizes}
 
         def one_round(size: int) -> Callable[[], float]:
             def measure() -> float:
-                got = latencies_us(runners[size].command, 2 * scale["latency_pairs"])
+                got = latencies_us(drivers[size].command, 2 * scale["latency_pairs"])
                 samples[size].extend(got)
                 return percentile(got, 50)
             return measure
@@ -252,15 +163,6 @@ def _latency(context: Context, scale: dict[str, int]) -> list[Figure]:
 # --- against the seed's JSON file -------------------------------------------------------------------
 
 
-def _json_pairs(lifecycle: json_store.JsonRunnerLifecycle, generation: int, pairs: int) -> int:
-    for _ in range(pairs):
-        receipt = lifecycle.acquire_lease(session_id=f"session-{_random_id()}", expected_generation=generation,
-                                          proxy_authority=_AUTHORITY.fields())
-        lifecycle.settle_lease(lease_id=receipt["lease"]["id"], lease_generation=receipt["lease"]["generation"],
-                               result_digest=RESULT_DIGEST)
-    return 2 * pairs
-
-
 def _vs_json(context: Context, scale: dict[str, int]) -> list[Figure]:
     path = context.path("lifecycle-vs-json.db")
     builder = EventStore.open(path, durability="normal")  # builds each round's runner; not measured
@@ -273,23 +175,19 @@ def _vs_json(context: Context, scale: dict[str, int]) -> list[Figure]:
 
             def ours(leases: int = leases, rounds: itertools.count[int] = rounds) -> float:
                 runner_id = f"runner-json-{leases}-{next(rounds)}"
-                _Runner(builder, runner_id, context.workdir).commands(2 * leases)
+                runners.LifecycleRunner(builder, runner_id, context.workdir).commands(2 * leases)
                 # The build's WAL is checkpointed now, not by a measured commit.
                 builder.backend.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                runner = _Runner(store, runner_id, context.workdir)  # catches up before the clock starts
+                # Catches up with the log before the clock starts.
+                runner = runners.LifecycleRunner(store, runner_id, context.workdir)
                 quiesce()
                 return rate(lambda: runner.commands(ops))
 
             def seed(leases: int = leases) -> float:
-                lifecycle = json_store.JsonRunnerLifecycle(
-                    context.path(f"runner-{leases}.json"), runner_id="runner-json", target="local",
-                    base_dir=context.workdir, resources={"cpuSeconds": 3600, "memoryBytes": 1 << 30},
-                    post_session_hook_digest=HOOK_DIGEST, now=_AUTHORITY.now_ms, random_id=_random_id,
-                    preflight_base_dir=_no_preflight)
-                generation = lifecycle.initialize()["generation"]
-                lifecycle.prefill(leases, now_ms=_AUTHORITY.now_ms(), result_digest=RESULT_DIGEST)
+                lifecycle, generation = runners.json_lifecycle(context.path(f"runner-{leases}.json"),
+                                                               context.workdir, leases)
                 quiesce()
-                return rate(lambda: _json_pairs(lifecycle, generation, ops // 2))
+                return rate(lambda: runners.json_pairs(lifecycle, generation, ops // 2))
 
             context.say(f"lifecycle: vs JSON file at {leases} leases")
             rates = alternate({"ours": ours, "seed": seed}, scale["json_rounds"])
@@ -310,23 +208,25 @@ def _vs_json(context: Context, scale: dict[str, int]) -> list[Figure]:
 
 def _cold_load(context: Context, scale: dict[str, int]) -> list[Figure]:
     title = f"cold load of a {COLD_EVENTS:,}-event runner"
-    api = _lifecycle_api()
+    api = runners.lifecycle_api()
     no_snapshots = "snapshot_every" in inspect.signature(api.RunnerLifecycle).parameters
     path = context.path("lifecycle-cold.db")
     context.say(f"lifecycle: building {COLD_EVENTS:,}-event runners")
     with EventStore.open(path, durability="normal") as builder:
-        _Runner(builder, "runner-cold-snapshots", context.workdir).commands(COLD_EVENTS - 1)
-        if no_snapshots:
-            _Runner(builder, "runner-cold-plain", context.workdir, snapshot_every=10**12).commands(COLD_EVENTS - 1)
+        # Most of each runner is appended in batches; its last COLD_TAIL events are real commands, so the
+        # snapshotted runner has snapshots at the lifecycle's own cadence (and a tail shorter than it).
+        for runner_id, every in (("runner-cold-snapshots", None), ("runner-cold-plain", 10**12)):
+            if every is not None and not no_snapshots:
+                continue
+            history.append_runner(builder, runner_id, COLD_EVENTS - COLD_TAIL, base_dir=context.workdir)
+            runners.LifecycleRunner(builder, runner_id, context.workdir, snapshot_every=every).commands(COLD_TAIL)
     quiesce()
 
     def ours(runner_id: str) -> Callable[[], float]:
         def load() -> float:
             with EventStore.open(path) as store:  # a fresh handle; opening it is not timed
                 start = time.perf_counter_ns()
-                lifecycle = api.RunnerLifecycle(store, runner_id=runner_id, target="local", base_dir=context.workdir,
-                                                resources=Resources(cpu_seconds=3600, memory_bytes=1 << 30),
-                                                post_session_hook_digest=HOOK_DIGEST, preflight_base_dir=_no_preflight)
+                lifecycle = runners.new_lifecycle(store, runner_id, context.workdir)
                 lifecycle.snapshot()
                 elapsed = time.perf_counter_ns() - start
                 return store.stream_version(runner_id) * 1e9 / elapsed
@@ -397,7 +297,7 @@ def _rebuild(context: Context, scale: dict[str, int]) -> Figure:
 def run(context: Context) -> list[Figure]:
     """Every lifecycle figure ("n/a" while the lifecycle has not landed)."""
     scale = _scale(context)
-    if _lifecycle_api() is None:
+    if runners.lifecycle_api() is None:
         why = "lifecycle_es.lifecycle.RunnerLifecycle has not landed"
         return [unavailable(name, title, base, target, why) for name, title, base, target in (
             ("lifecycle.command.single", "durable single command", "raw apsw INSERT+COMMIT", Target(">=", 0.8)),
