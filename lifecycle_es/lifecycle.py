@@ -27,6 +27,7 @@ from .canonical import MAX_EPOCH_MS, iso_ms, parse_iso_ms, receipt_digest
 from .errors import InvalidInputError, LifecycleError, PreflightError, StaleFenceError
 from .events import (
     RUNNER_SCHEMA,
+    UNIT_EVENTS,
     DrainExpired,
     DrainRequested,
     Event,
@@ -140,6 +141,10 @@ class RunnerLifecycle:
             raise InvalidInputError("now", f"now() must return epoch milliseconds as an int, got {value!r}")
         return value
 
+    def clock(self) -> int:
+        """The lifecycle's clock now, in epoch milliseconds (checked: an int in range)."""
+        return self._clock()
+
     def _catch_up(self) -> Folded:
         """The runner's state as of the log's current end (reads only the events this handle has not seen)."""
         folded = self._folded
@@ -154,7 +159,19 @@ class RunnerLifecycle:
         state = self._catch_up().state
         if state is None:
             raise UnknownRunnerError(f"runner {self.runner_id} is not initialized")
+        self._check_identity(state)
         return state
+
+    def _check_identity(self, state: RunnerState) -> None:
+        """LifecycleError unless the recorded runner is this handle's (the seed's ``validateState(draft, this)``).
+
+        The seed checks it on every read and mutation, not only in initialize: a handle configured with
+        another target or base dir must not grant leases whose receipts name the recorded one.
+        """
+        if state.runner_id != self.runner_id or state.target != self.target or state.base_dir != self.base_dir:
+            raise LifecycleError(f"runner lifecycle identity drifted (runner {self.runner_id}: recorded target "
+                                 f"{state.target} base_dir {state.base_dir!r}, given target {self.target} "
+                                 f"base_dir {self.base_dir!r})")
 
     def _commit(self, action: str, decide: Callable[[RunnerState, int, str], list[Event]],
                 ) -> tuple[RunnerState, list[RecordedEvent]]:
@@ -163,6 +180,7 @@ class RunnerLifecycle:
             current = self._catch_up()
             if current.state is None:
                 raise UnknownRunnerError(f"runner {self.runner_id} is not initialized")
+            self._check_identity(current.state)
             now_ms = self._clock()
             at = iso_ms(now_ms)
             events = decide(current.state, now_ms, at)
@@ -217,10 +235,7 @@ class RunnerLifecycle:
         self._folded = current
         state = current.state
         assert state is not None
-        if state.runner_id != self.runner_id or state.target != self.target or state.base_dir != self.base_dir:
-            raise LifecycleError(f"runner lifecycle identity drifted (runner {self.runner_id}: recorded target "
-                                 f"{state.target} base_dir {state.base_dir!r}, given target {self.target} "
-                                 f"base_dir {self.base_dir!r})")
+        self._check_identity(state)
         return project(state)
 
     def snapshot(self) -> RunnerSnapshot:
@@ -391,6 +406,15 @@ class RunnerLifecycle:
 
         return project(self._commit("complete_reclaim", decide)[0])
 
+    def record(self, events: list[Event]) -> list[RecordedEvent]:
+        """Append a host's unit facts (``UnitStarting`` ... ``UnitWakeRecorded``) to the runner's stream.
+
+        They are decided like any command: under the write lock, against the current state, through
+        the rules (a unit may only start for an active lease), all in one transaction.
+        """
+        facts = _unit_facts(events)
+        return self._commit("record", lambda state, now_ms, at: list(facts))[1]
+
     def authorize_post_session_hook(self, *, expected_runner_generation: int, lease_id: str, lease_generation: int,
                                     result_digest: str, hook_digest: str) -> HookReceipt:
         """Authorize the post-session hook of an ended lease; its receipt digest is recorded on the lease."""
@@ -417,3 +441,12 @@ class RunnerLifecycle:
 
 def _fields(snapshot: RunnerSnapshot) -> dict[str, Any]:
     return {name: getattr(snapshot, name) for name in snapshot.__struct_fields__}
+
+
+def _unit_facts(events: object) -> list[Event]:
+    if isinstance(events, Event) or not isinstance(events, list | tuple) or not events:
+        raise InvalidInputError("events", "events must be a non-empty list of unit events")
+    for event in events:
+        if type(event) not in UNIT_EVENTS:
+            raise InvalidInputError("events", f"only unit events are recorded by hosts, not {type(event).__name__}")
+    return list(events)

@@ -192,9 +192,8 @@ class SqliteBackend:
             if read_only:
                 raise StoreIOError(f"store {path!r} does not exist")
             self._create(path, vfs)
-        flags = apsw.SQLITE_OPEN_NOFOLLOW | (apsw.SQLITE_OPEN_READONLY if read_only else apsw.SQLITE_OPEN_READWRITE)
         with translated(f"open {path!r}"):
-            self.conn = apsw.Connection(path, flags=flags, vfs=vfs)
+            self.conn = self._connect(path, vfs, read_only)
         try:
             with translated(f"open {path!r}"):
                 # The busy timeout goes first: reading the header must wait, like every later statement,
@@ -215,6 +214,20 @@ class SqliteBackend:
             self.conn.close()
             raise
         self.identity = self.file_identity()
+
+    @staticmethod
+    def _connect(path: str, vfs: str | None, read_only: bool) -> apsw.Connection:
+        """Open the connection; a read-only store is still opened read-write where the file allows it.
+
+        SQLite cannot open a WAL file with SQLITE_OPEN_READONLY unless its -shm already exists, and
+        the last writer to close removes it: a read-only open of a closed store would fail. So a
+        `read_only` store opens read-write (SQLite may create -shm and -wal; the store itself refuses
+        every write) and falls back to SQLITE_OPEN_READONLY only where the file cannot be written.
+        """
+        flags = apsw.SQLITE_OPEN_NOFOLLOW | apsw.SQLITE_OPEN_READWRITE
+        if read_only and not os.access(path, os.W_OK):
+            flags = apsw.SQLITE_OPEN_NOFOLLOW | apsw.SQLITE_OPEN_READONLY
+        return apsw.Connection(path, flags=flags, vfs=vfs)
 
     @staticmethod
     def _create(path: str, vfs: str | None, *, store_id: bytes | None = None, key_id: str | None = None,
