@@ -1,0 +1,174 @@
+"""Parking and drain decisions from a unit's own report of its tasks (seed 004's park, adapted).
+
+A unit reports its tasks through ``status.json`` in its run directory. The format (UTF-8 JSON)::
+
+    {"tasks": [{"id": "t1", "state": "running", "until": null},
+               {"id": "t2", "state": "sleeping", "until": 1767225600000}],
+     "updated_at": 1767225540000}
+
+- ``tasks``: every live or recently ended task of the unit. ``id`` is a string; ``until`` is an epoch-ms
+  integer or null; ``state`` is one of:
+
+  - ``running``, ``ready``: the task runs or is ready to run. With ``until`` it only sleeps until then
+    (a retry backoff, a deferred poll): the same as ``sleeping``.
+  - ``sleeping``: the task only sleeps until ``until`` (required; a sleeper with no deadline is an
+    unknown shape).
+  - ``waiting``, ``completing``: the task depends on other tasks, which decide.
+  - ``blocked``: nothing can run the task; it never keeps the unit up.
+  - ``done``: ended.
+
+- ``updated_at``: epoch ms of the write (what the unit's clock said).
+
+The unit writes the file atomically (a temporary file in the same directory, fsynced, renamed over
+``status.json``: `write_status` does that), so a reader never sees half a report. Anything this module
+does not know (another state, a task that is not an object, a wrong type, a file that is not JSON)
+counts as a task that needs the unit: a unit whose report cannot be read is kept up rather than parked
+mid-work. No file at all is `read_status` returning None; the driver then knows nothing and keeps the
+unit up too.
+
+The decisions are pure (no clock, no I/O): `busy_state` for parking, `drain_state` for drain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import msgspec
+
+from .rundir import STATUS_FILE
+
+# A wait no longer than this keeps the unit up: far above twice the time a unit takes to start.
+LOCAL_PARK_THRESHOLD_MS = 60_000
+RUNNABLE = frozenset({"running", "ready"})
+DEPENDENT = frozenset({"waiting", "completing"})
+# Not a state a unit writes: what a task this module could not read becomes (it counts as busy).
+UNREADABLE = "unreadable"
+
+
+class Task(msgspec.Struct, frozen=True, kw_only=True):
+    """One task of a unit's report: its id, state, and the epoch ms it sleeps until (or None)."""
+
+    id: str
+    state: str
+    until: int | None = None
+
+
+class StatusReport(msgspec.Struct, frozen=True, kw_only=True):
+    """A unit's ``status.json``: its tasks and when it wrote them (None when the file did not say)."""
+
+    tasks: tuple[Task, ...]
+    updated_at: int | None = None
+
+
+class Busy(msgspec.Struct, frozen=True):
+    """Work needs the unit now."""
+
+
+class Idle(msgspec.Struct, frozen=True):
+    """No task could run: the unit can stop and is started again on demand."""
+
+
+class Waiting(msgspec.Struct, frozen=True):
+    """Every task that could run only sleeps until at least `until` (epoch ms)."""
+
+    until: int
+
+
+BusyState = Busy | Idle | Waiting
+
+
+def _sleep_deadline(task: Task) -> int | None:
+    """The deadline of a task that only sleeps, or None when it does not (or its shape is unknown)."""
+    if task.state == "sleeping" or (task.state in RUNNABLE and task.until is not None):
+        return task.until if type(task.until) is int else None
+    return None
+
+
+def _classify(tasks: Iterable[Task]) -> tuple[bool, list[int]]:
+    """(whether some task needs the unit now, the deadlines of the tasks that only sleep)."""
+    busy, deadlines = False, []
+    for task in tasks:
+        deadline = _sleep_deadline(task)
+        if deadline is not None:
+            deadlines.append(deadline)
+        elif task.state in DEPENDENT or task.state in ("blocked", "done"):
+            continue  # decided by other tasks, never runnable, or ended: none keeps the unit up itself
+        else:
+            busy = True  # running or ready with no deadline, a sleeper without one, or an unknown shape
+    return busy, deadlines
+
+
+def busy_state(tasks: Sequence[Task], now: int, threshold_ms: int = LOCAL_PARK_THRESHOLD_MS) -> BusyState:
+    """Whether the unit's work needs it: a running or ready task does, unless it only sleeps until a
+    deadline more than `threshold_ms` after `now`. Waiting and completing tasks leave it to the tasks
+    they depend on; blocked and done tasks never keep it up; an unknown shape does. No task that could
+    run: Idle. Only far sleepers: Waiting until the earliest deadline."""
+    busy, deadlines = _classify(tasks)
+    if busy:
+        return Busy()
+    if not deadlines:
+        return Idle()
+    earliest = min(deadlines)
+    return Waiting(earliest) if earliest - now > threshold_ms else Busy()
+
+
+def drain_state(tasks: Sequence[Task], now: int) -> BusyState:
+    """The drain's view: as `busy_state`, but any sleeping task counts as waiting however short (or
+    past) its wait, since stopping the unit ends the sleep and the next start resumes it."""
+    busy, deadlines = _classify(tasks)
+    if busy:
+        return Busy()
+    return Waiting(min(deadlines)) if deadlines else Idle()
+
+
+def _task(raw: object) -> Task:
+    """A task entry as read; one that is not the documented shape becomes an unreadable (busy) task."""
+    if not isinstance(raw, dict):
+        return Task(id="", state=UNREADABLE)
+    tid, state, until = raw.get("id"), raw.get("state"), raw.get("until")
+    if not isinstance(tid, str) or not isinstance(state, str) or not (until is None or type(until) is int):
+        return Task(id=tid if isinstance(tid, str) else "", state=UNREADABLE)
+    return Task(id=tid, state=state, until=until)
+
+
+def parse_status(data: bytes) -> StatusReport:
+    """A report from the bytes of ``status.json``; what cannot be read counts as one busy task."""
+    try:
+        raw = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return StatusReport(tasks=(Task(id="", state=UNREADABLE),))
+    if not isinstance(raw, dict) or not isinstance(raw.get("tasks"), list):
+        return StatusReport(tasks=(Task(id="", state=UNREADABLE),))
+    updated = raw.get("updated_at")
+    return StatusReport(tasks=tuple(_task(t) for t in raw["tasks"]),
+                        updated_at=updated if type(updated) is int else None)
+
+
+def read_status(run_dir: str | os.PathLike[str]) -> StatusReport | None:
+    """The unit's report from ``<run_dir>/status.json``, or None when it wrote none."""
+    try:
+        with open(Path(run_dir) / STATUS_FILE, "rb") as f:
+            return parse_status(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def write_status(run_dir: str | os.PathLike[str], tasks: Sequence[Task], updated_at: int) -> None:
+    """Write a report atomically, as a unit must (temporary file, fsync, rename over status.json)."""
+    path = Path(run_dir) / STATUS_FILE
+    tmp = path.with_name(f".{STATUS_FILE}.{os.getpid()}.tmp")
+    body = msgspec.json.encode({"tasks": [msgspec.structs.asdict(t) for t in tasks], "updated_at": updated_at})
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
