@@ -264,6 +264,33 @@ def test_keyed_store_turned_unkeyed_is_refused_with_the_key(tmp_path: Path) -> N
         EventStore.open(path, key=KEY)
 
 
+@pytest.mark.parametrize("field", ["version", "seq"])
+def test_forged_chain_with_a_gap_fails_verify_on_the_rules(tmp_path: Path, field: str) -> None:
+    # Every hash valid (an unkeyed chain re-linked by the forger), but a version or seq skips one:
+    # verify checks the numbering itself, not only the links.
+    path = tmp_path / "events.db"
+    build(path, None)
+    os.unlink(f"{path}.seal")
+    rows = [list(row) for row in rows_of(path)]
+    at = 6
+    if field == "version":
+        later = [row for row in rows[at - 1:] if row[1] == rows[at - 1][1]]
+        for row in later:
+            row[2] += 1
+    else:
+        for row in rows[at - 1:]:
+            row[0] += 1
+    with EventStore.open(path) as store:
+        prev = chain.genesis(store.store_id)
+    for row in rows:
+        row[6] = prev
+        row[7] = prev = chain.link(prev, row[0], row[1], row[2], row[3], row[4], row[5])
+    attack(path, ("DELETE FROM events", ()),
+           *(("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", tuple(row)) for row in rows))
+    failure = verify_fails_at(path, None)
+    assert failure.seq == at and field in failure.reason
+
+
 # --- the seal: what the chain alone cannot see ---------------------------------------------------------
 
 
@@ -276,6 +303,7 @@ def test_truncated_tail_is_caught_by_the_seal(tmp_path: Path) -> None:
     with pytest.raises(StoreBehindSealError) as info:
         EventStore.open(path)
     assert (info.value.sealed_seq, info.value.head_seq) == (EVENTS, EVENTS - 3)
+    assert "shorter" in info.value.reason
     # The chain alone is fine with a shorter log; the seal passed to verify is not.
     os.unlink(f"{path}.seal")
     with EventStore.open(path) as store:
@@ -302,6 +330,7 @@ def test_restored_older_copy_is_caught_by_the_seal(tmp_path: Path) -> None:
     with pytest.raises(StoreBehindSealError) as info:
         EventStore.open(path)
     assert (info.value.sealed_seq, info.value.head_seq) == (3, 2)
+    assert "shorter" in info.value.reason
     with EventStore.open(older) as store:  # the copy itself, with no seal beside it, is a valid log
         assert store.verify().events == 2
 
@@ -318,6 +347,7 @@ def test_unkeyed_history_rewritten_at_the_sealed_seq_is_caught_by_the_seal(tmp_p
     with pytest.raises(StoreBehindSealError) as info:
         EventStore.open(path)
     assert (info.value.sealed_seq, info.value.head_seq) == (EVENTS, EVENTS)
+    assert "not the one sealed" in info.value.reason
 
 
 # --- the append-only triggers, through the store's own connection ---------------------------------------
