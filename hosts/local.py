@@ -109,7 +109,7 @@ class LocalHost:
                  user: str | None = None, group: str | None = None, exec: Exec | None = None,
                  now: Callable[[], int] | None = None,
                  token_source: Callable[[str], str | bytes | None] | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, token_dir: str | None = None) -> None:
         if not isinstance(lifecycle, RunnerLifecycle):
             raise InvalidInputError("lifecycle", f"lifecycle must be a RunnerLifecycle, got {type(lifecycle).__name__}")
         if mode not in MODES:
@@ -134,8 +134,10 @@ class LocalHost:
         if mode == "child":
             self.driver = ChildUnits(stop_timeout_ms=stop_timeout_ms)
         else:
+            extra = {"token_dir": token_dir} if token_dir is not None else {}
             self.driver = SystemdUnits(scope=scope, user=user, group=group,  # type: ignore[arg-type]
-                                       exec=exec or run_command, stop_timeout_ms=stop_timeout_ms, now=self._now)
+                                       exec=exec or run_command, stop_timeout_ms=stop_timeout_ms, now=self._now,
+                                       **extra)
         self._units: dict[str, UnitView] = {}
         self._version = 0
         self._run_dirs: dict[str, RunDir] = {}

@@ -39,6 +39,7 @@ OWNER_LOCK = "owner.lock"
 WORK_DIR = "work"
 UNIT_LOG = "unit.log"
 PID_FILE = "unit.pid"
+EXIT_FILE = "unit.exit"
 STATUS_FILE = "status.json"
 
 

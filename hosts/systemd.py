@@ -40,6 +40,7 @@ import math
 import os
 import re
 import secrets
+import signal
 import socket
 import stat
 import time
@@ -69,6 +70,7 @@ from .proc import (
     signal_name,
     token_bytes,
 )
+from .rundir import EXIT_FILE
 
 SYSTEMD_RUN = "/usr/bin/systemd-run"
 SYSTEMCTL = "/usr/bin/systemctl"
@@ -110,12 +112,16 @@ def systemd_run_argv(*, unit: str, command: Sequence[str], scope: Scope = "syste
                      resources: Resources | None = None, token_file: str | os.PathLike[str] | None = None,
                      work_dir: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
                      restart: bool = True, log_file: str | os.PathLike[str] | None = None,
+                     exit_file: str | os.PathLike[str] | None = None,
                      systemd_run: str = SYSTEMD_RUN) -> list[str]:
     """The ``systemd-run`` argv that starts `command` as transient service `unit` (pure).
 
     `user`/`group` are required in ``system`` scope and refused in ``user`` scope. `token_file` becomes
     the unit's stdin; `log_file`, when given, gets its stdout and stderr appended (the default is the
     manager's journal). `env` is the caller's extra environment; PATH and LANG are set over it.
+    `exit_file`, when given, gets ``$SERVICE_RESULT $EXIT_CODE $EXIT_STATUS`` written by an
+    ``ExecStopPost=+`` line each time the main process ends: a transient unit that exits cleanly is
+    garbage-collected at once, and with it the only other record of how it ended.
     """
     if not isinstance(unit, str) or UNIT_SAFE.fullmatch(unit) is None:
         raise InvalidInputError("unit", f"unit name {shown(unit)} is not safe (1-200 of A-Z a-z 0-9 : _ . -)")
@@ -153,6 +159,13 @@ def systemd_run_argv(*, unit: str, command: Sequence[str], scope: Scope = "syste
     if log_file is not None:
         log = _property_path(log_file, "log_file")
         argv += ["-p", f"StandardOutput=append:{log}", "-p", f"StandardError=append:{log}"]
+    if exit_file is not None:
+        # "$$" is a literal "$" for systemd's own expansion; "+" runs it with full privileges, so the
+        # record lands in the host's run directory whatever user the unit runs as.
+        target = _property_path(exit_file, "exit_file")
+        if any(ch in target for ch in "'\"\\$%`"):
+            raise InvalidInputError("exit_file", f"exit_file must not hold quotes, $, %, ` or \\: {shown(target)}")
+        argv += ["-p", f"ExecStopPost=+/bin/sh -c 'echo $$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS > {target}'"]
     if work_dir is not None:
         argv.append(f"--working-directory={_property_path(work_dir, 'work_dir')}")
     unit_env = {**safe_env(env), "PATH": SAFE_PATH, "LANG": "C.UTF-8"}
@@ -231,6 +244,27 @@ def unit_exit(show: Mapping[str, str]) -> UnitExit | None:
                     resource_limit=result == "oom-kill" or resource_limit_death(code=code, signum=signum))
 
 
+def read_exit_record(path: str | os.PathLike[str]) -> UnitExit | None:
+    """How a unit ended, from the record its ``ExecStopPost`` wrote (see `systemd_run_argv`), or None."""
+    try:
+        with open(path, "rb") as handle:
+            fields = handle.read(256).decode("ascii", "replace").split()
+    except OSError:
+        return None
+    if len(fields) != 3 or fields[1] not in ("exited", "killed", "dumped"):
+        return None
+    result, how, status = fields
+    if how == "exited":
+        if not status.isdigit():
+            return None
+        code, signame = int(status), None
+    else:
+        code, signame = None, status if status.startswith("SIG") else f"SIG{status}"
+    signum = getattr(signal, signame, None) if signame else None
+    return UnitExit(result=result, code=code, signal=signame,
+                    resource_limit=result == "oom-kill" or resource_limit_death(code=code, signum=signum))
+
+
 class SystemdUnits:
     """Start, observe, signal and stop systemd-mode units of this host.
 
@@ -301,7 +335,9 @@ class SystemdUnits:
             description=f"lifecycle-es lease {lease_id}", stop_timeout_ms=self.stop_timeout_ms,
             resources=Resources.coerce(resources), token_file=path,
             work_dir=work_dir if work_dir is not None else run_path / "work", env=env,
-            restart=self.restart, log_file=log_file, systemd_run=self.systemd_run)
+            restart=self.restart, log_file=log_file, exit_file=run_path / EXIT_FILE, systemd_run=self.systemd_run)
+        # A record left by an earlier unit of this run directory must not speak for this one.
+        (run_path / EXIT_FILE).unlink(missing_ok=True)
         self._write_token(path, data)
         started = False
         try:
@@ -371,12 +407,21 @@ class SystemdUnits:
         if handle.boot_id != self.boot_id:
             return "gone"
         show = self.show(handle)
-        return "unknown" if show is None else unit_status(show)
+        if show is None:
+            return "unknown"
+        status = unit_status(show)
+        if status == "gone" and read_exit_record(Path(handle.run_dir) / EXIT_FILE) is not None:
+            return "stopped"  # it ended and systemd collected it; its ExecStopPost said how
+        return status
 
     def exit(self, handle: UnitRecord) -> UnitExit | None:
         """How the unit's main process last ended (`unit_exit`), or None."""
         show = self.show(handle)
-        return None if show is None else unit_exit(show)
+        if show is None:
+            return None
+        if unit_status(show) == "gone":
+            return read_exit_record(Path(handle.run_dir) / EXIT_FILE)
+        return unit_exit(show)
 
     # --- signal and stop ----------------------------------------------------------------------------
 

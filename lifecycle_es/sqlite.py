@@ -185,6 +185,10 @@ class SqliteBackend:
 
     def __init__(self, path: str, *, durability: str, busy_timeout_ms: int, vfs: str | None = None,
                  read_only: bool = False) -> None:
+        # SQLITE_OPEN_NOFOLLOW refuses a link anywhere in the path; only the file itself must not be
+        # one (check_path refuses that), so the directory is resolved first (/tmp may be a link).
+        directory, name = os.path.split(os.path.abspath(path))
+        path = os.path.join(os.path.realpath(directory), name)
         self.path = path
         self.read_only = read_only
         exists = check_path(path)

@@ -1,0 +1,109 @@
+"""LocalHost in systemd mode against a REAL systemd user manager (see tests/systemd_manager.py).
+
+Transient services started through LocalHost are observed and stopped through systemctl, and their
+ends recorded in the log: a drain's SIGTERM settles them, a CPU limit parks the lease resource-limit,
+an ended lease's unit is stopped (its whole control group). Skips, with the reason, where a systemd
+manager cannot be started (not root, no unshare).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from systemd_manager import SystemdUserManager, systemd_manager  # noqa: F401  (the fixture)
+
+from hosts.local import LocalHost
+from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
+from lifecycle_es.canonical import iso_ms
+
+pytestmark = pytest.mark.systemd
+TOKEN = "systemd-token-5d1e"
+POLITE = ("import signal,sys,time\n"
+          "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+          "sys.stdin.read()\n"
+          "open('ready','w').close()\n"
+          "time.sleep(300)\n")
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def proxy() -> ProxyAuthority:
+    return ProxyAuthority(id="proxy-a", revision=1, issued_at=iso_ms(now() - 1000),
+                          expires_at=iso_ms(now() + 3_600_000))
+
+
+@pytest.fixture
+def runner(tmp_path: Path, systemd_manager: SystemdUserManager,  # noqa: F811
+           request: pytest.FixtureRequest) -> Iterator[tuple[EventStore, RunnerLifecycle, LocalHost]]:
+    cpu = getattr(request, "param", 60)
+    base = tmp_path / "base"
+    base.mkdir()
+    tokens = tmp_path / "tokens"
+    store = EventStore.open(tmp_path / "events.db")
+    lifecycle = RunnerLifecycle(store, runner_id="runner-sd", target="local", base_dir=str(base),
+                                resources=Resources(cpu_seconds=cpu, memory_bytes=1 << 30),
+                                post_session_hook_digest="sha256:" + "a" * 64)
+    lifecycle.initialize()
+    host = LocalHost(lifecycle, mode="systemd", scope="user", exec=systemd_manager.exec, token_dir=str(tokens),
+                     stop_timeout_ms=5_000)
+    yield store, lifecycle, host
+    for view in host.units().values():
+        if view.handle is not None and host.status(view.handle) == "running":
+            host.driver.stop(view.handle)
+    host.close()
+    store.close()
+
+
+def test_drain_sigterms_systemd_units_and_settles_their_leases(runner) -> None:
+    store, lifecycle, host = runner
+    receipts = [lifecycle.acquire_lease(session_id=f"s{i}", expected_generation=1, proxy_authority=proxy())
+                for i in range(2)]
+    handles = [host.start(r, command=[sys.executable, "-c", POLITE], token=TOKEN) for r in receipts]
+    assert all(h.mode == "systemd" and h.unit for h in handles)
+    assert all(host.status(h) == "running" for h in handles)
+    assert wait_for(lambda: all((Path(h.run_dir) / "work" / "ready").exists() for h in handles))
+    lifecycle.request_drain(expected_generation=1, timeout_ms=60_000)
+    assert wait_for(lambda: (host.reconcile() or True) and lifecycle.snapshot().state == "parked")
+    kinds = [r.type for r in store.read()]
+    assert kinds.count("UnitSignalled") == 2 and kinds.count("LeaseSettled") == 2
+    exits = [r.event for r in store.read() if r.type == "UnitExited"]
+    assert [(e.code, e.outcome) for e in exits] == [(0, "settled"), (0, "settled")]
+    assert all(host.status(h) in ("stopped", "gone") for h in handles)
+
+
+@pytest.mark.parametrize("runner", [1], indirect=True)
+def test_a_systemd_unit_killed_by_its_cpu_limit_parks_resource_limit(runner) -> None:
+    store, lifecycle, host = runner
+    receipt = lifecycle.acquire_lease(session_id="s1", expected_generation=1, proxy_authority=proxy())
+    host.start(receipt, command=[sys.executable, "-c", "import sys\nsys.stdin.read()\nwhile True: pass\n"],
+               token=TOKEN)
+    assert wait_for(lambda: any(a.kind == "parked resource-limit" for a in host.reconcile()), timeout=40)
+    exited = [r.event for r in store.read() if r.type == "UnitExited"]
+    assert exited[-1].signal == "SIGXCPU" and exited[-1].outcome == "resource-limit"
+
+
+def test_the_unit_of_an_ended_lease_is_stopped_with_its_control_group(runner) -> None:
+    _store, lifecycle, host = runner
+    receipt = lifecycle.acquire_lease(session_id="s1", expected_generation=1, proxy_authority=proxy())
+    keep = lifecycle.acquire_lease(session_id="s2", expected_generation=1, proxy_authority=proxy())
+    handle = host.start(receipt, command=[sys.executable, "-c", POLITE], token=TOKEN)
+    host.start(keep, command=[sys.executable, "-c", POLITE], token=TOKEN)
+    lifecycle.settle_lease(lease_id=receipt.lease.id, lease_generation=1, result_digest="sha256:" + "b" * 64)
+    assert [(a.kind, a.detail) for a in host.reconcile()] == [("stopped", "lease-ended")]
+    assert host.status(handle) in ("stopped", "gone")
+    assert not host.driver.token_file(handle.unit).exists()
