@@ -54,7 +54,7 @@ from lifecycle_es.receipts import LeaseReceipt
 from lifecycle_es.runner import Lease, RunnerState
 
 from .child import ChildUnits
-from .park import Waiting, busy_state, read_status
+from .park import parking_decision, record_wake
 from .proc import Exec, UnitStartError, run_command
 from .rundir import RunDir, RunDirHeldError, open_run_dir
 from .systemd import SystemdUnits
@@ -333,13 +333,10 @@ class LocalHost:
 
     def _maybe_park(self, view: UnitView, handle: UnitRecord, now: int, actions: list[Action]) -> None:
         """Stop a unit whose work only waits beyond the threshold; reconcile starts it at its wake time."""
-        report = read_status(view.run_dir)
-        if report is None:
+        decision = parking_decision(view.run_dir, now, self.park_threshold_ms)
+        if decision is None:
             return
-        decision = busy_state(report.tasks, now, self.park_threshold_ms)
-        if not isinstance(decision, Waiting):
-            return
-        self.lifecycle.record([UnitWakeRecorded(lease_id=view.lease_id, wake_at=decision.until)])
+        record_wake(self.lifecycle, view.lease_id, decision.until)
         self.driver.stop(handle)
         self.lifecycle.record([UnitStopped(lease_id=view.lease_id, reason="parked-waiting")])
         view.phase, view.wake_at = "waiting", decision.until

@@ -26,17 +26,27 @@ counts as a task that needs the unit: a unit whose report cannot be read is kept
 mid-work. No file at all is `read_status` returning None; the driver then knows nothing and keeps the
 unit up too.
 
-The decisions are pure (no clock, no I/O): `busy_state` for parking, `drain_state` for drain.
+The decisions are pure (no clock, no I/O): `busy_state` for parking, `drain_state` for drain. Around
+them, as the seed's park module has them: `parking_decision` and `watch_parking` (when a unit may be
+parked), `drain` (wait until no work needs the unit, or the deadline) and `record_wake` (the wake
+time written to the log before the unit is stopped).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import msgspec
+
+from lifecycle_es.errors import InvalidInputError
+from lifecycle_es.events import UnitWakeRecorded
+from lifecycle_es.lifecycle import RunnerLifecycle
+from lifecycle_es.values import safe_id
 
 from .rundir import STATUS_FILE
 
@@ -172,3 +182,57 @@ def write_status(run_dir: str | os.PathLike[str], tasks: Sequence[Task], updated
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def parking_decision(run_dir: str | os.PathLike[str], now: int, threshold_ms: int) -> Waiting | None:
+    """Waiting(until) when the unit's report says its work only waits beyond `threshold_ms`; else None.
+
+    No report, or one that cannot be read, is None: a unit the host knows nothing about stays up.
+    """
+    report = read_status(run_dir)
+    if report is None:
+        return None
+    decision = busy_state(report.tasks, now, threshold_ms)
+    return decision if isinstance(decision, Waiting) else None
+
+
+def watch_parking(run_dir: str | os.PathLike[str], *, threshold_ms: int, now: Callable[[], int],
+                  on_park: Callable[[int], None], stop: threading.Event, poll_interval: float = 0.5) -> int | None:
+    """Watch a unit's report until its work only waits beyond the threshold, then call `on_park(until)`.
+
+    Returns the wake time it parked for, or None when `stop` was set first. The host records the wake
+    (`record_wake`) and stops the unit inside `on_park`, so the wake is written before the unit goes.
+    """
+    while not stop.is_set():
+        decision = parking_decision(run_dir, now(), threshold_ms)
+        if decision is not None:
+            on_park(decision.until)
+            return decision.until
+        stop.wait(poll_interval)
+    return None
+
+
+def drain(run_dir: str | os.PathLike[str], *, deadline: int, now: Callable[[], int],
+          sleep: Callable[[float], None] = time.sleep, poll_interval: float = 0.1) -> BusyState:
+    """Wait until no task needs the unit (its report reads Idle or Waiting) or `deadline` (epoch ms).
+
+    Returns the last classification: Busy means the deadline passed with work running, which the
+    stop interrupts. A unit with no report is Busy: only its exit, or the deadline, ends its drain.
+    """
+    while True:
+        report = read_status(run_dir)
+        state = drain_state(report.tasks, now()) if report is not None else Busy()
+        if not isinstance(state, Busy) or now() >= deadline:
+            return state
+        sleep(poll_interval)
+
+
+def record_wake(lifecycle: RunnerLifecycle, lease_id: str, wake_at: int) -> None:
+    """Record in the log that the unit of `lease_id` only waits until `wake_at` (epoch ms).
+
+    Written before the unit is stopped: a host that dies in between finds the wake in the log and
+    finishes the park; reconcile starts the unit again at that time.
+    """
+    if type(wake_at) is not int or wake_at < 0:
+        raise InvalidInputError("wake_at", f"wake_at must be epoch milliseconds, got {wake_at!r}")
+    lifecycle.record([UnitWakeRecorded(lease_id=safe_id(lease_id, "lease_id"), wake_at=wake_at)])

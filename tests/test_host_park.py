@@ -7,6 +7,7 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -169,3 +170,71 @@ def test_what_cannot_be_read_counts_as_busy() -> None:
     assert busy_state(report.tasks, NOW, T) == Busy()
     fine = parse_status(b'{"tasks": [{"id": "a", "state": "done"}], "updated_at": 5, "extra": 1}')
     assert fine == StatusReport(tasks=(Task(id="a", state="done"),), updated_at=5)
+
+
+# --- the seed's park verbs around the pure decisions ------------------------------------------------
+
+
+def test_parking_decision_reads_the_units_report(tmp_path) -> None:
+    from hosts.park import Task, Waiting, parking_decision, write_status
+
+    assert parking_decision(tmp_path, 1_000, 60_000) is None  # no report: the unit stays up
+    write_status(tmp_path, [Task(id="t", state="sleeping", until=200_000)], 1_000)
+    assert parking_decision(tmp_path, 1_000, 60_000) == Waiting(200_000)
+    assert parking_decision(tmp_path, 150_000, 60_000) is None  # the wait is now within the threshold
+
+
+def test_watch_parking_calls_on_park_once_the_work_only_waits(tmp_path) -> None:
+    import threading
+
+    from hosts.park import Task, watch_parking, write_status
+
+    parked: list[int] = []
+    write_status(tmp_path, [Task(id="t", state="running")], 0)
+    stop = threading.Event()
+    ticks = iter(range(10))
+
+    def poll_then_report(interval: float) -> bool:
+        # Stands in for stop.wait: the unit's next report arrives after the first look.
+        if next(ticks) == 0:
+            write_status(tmp_path, [Task(id="t", state="sleeping", until=500_000)], 0)
+        return False
+
+    stop.wait = poll_then_report  # type: ignore[method-assign]
+    assert watch_parking(tmp_path, threshold_ms=60_000, now=lambda: 0, on_park=parked.append, stop=stop) == 500_000
+    assert parked == [500_000]
+    stopped = threading.Event()
+    stopped.set()
+    assert watch_parking(tmp_path, threshold_ms=60_000, now=lambda: 0, on_park=parked.append, stop=stopped) is None
+
+
+def test_drain_returns_when_no_work_needs_the_unit_or_at_the_deadline(tmp_path) -> None:
+    from hosts.park import Busy, Idle, Task, drain, write_status
+
+    clock = [0]
+
+    def sleep(seconds: float) -> None:
+        clock[0] += int(seconds * 1000)
+
+    write_status(tmp_path, [Task(id="t", state="running")], 0)
+    assert drain(tmp_path, deadline=1_000, now=lambda: clock[0], sleep=sleep) == Busy()
+    assert clock[0] >= 1_000
+    write_status(tmp_path, [Task(id="t", state="done")], 0)
+    assert drain(tmp_path, deadline=10_000, now=lambda: clock[0], sleep=sleep) == Idle()
+
+
+def test_record_wake_appends_the_wake_under_the_rules(tmp_path) -> None:
+    from hosts.park import record_wake
+    from lifecycle_es import EventStore, InvalidInputError, Resources, RunnerLifecycle
+
+    with EventStore.open(tmp_path / "e.db", now=lambda: 1_767_225_600_000) as store:
+        lifecycle = RunnerLifecycle(store, runner_id="r", target="local", base_dir=str(tmp_path),
+                                    resources=Resources(cpu_seconds=1, memory_bytes=64 << 20),
+                                    post_session_hook_digest="sha256:" + "a" * 64, now=lambda: 1_767_225_600_000)
+        lifecycle.initialize()
+        record_wake(lifecycle, "lease-1", 1_767_225_700_000)
+        assert [(r.type, r.event.wake_at) for r in store.read()][-1] == ("UnitWakeRecorded", 1_767_225_700_000)
+        head = store.head()
+        with pytest.raises(InvalidInputError):
+            record_wake(lifecycle, "lease-1", -5)
+        assert store.head() == head
