@@ -86,4 +86,5 @@ def test_sigkilled_writer_loses_nothing_acknowledged(tmp_path: Path) -> None:
             mine = [r.version for r in store.read_stream(f"crash-{round_}")]
             assert mine == list(range(1, len(mine) + 1))
             assert len(mine) >= sum(1 for r, _ in acknowledged.values() if r == round_)
-    assert some_acknowledged >= ROUNDS // 2, "most rounds must get commits in before the kill"
+    # Not vacuous: rounds that waited for acknowledgements (3 in 4 of them, at random) got them in.
+    assert some_acknowledged >= 3, f"seed {seed}: too few rounds committed anything before the kill"

@@ -1,0 +1,67 @@
+"""The chain's hash is a file format: pinned to fixed vectors and to a reference written from DESIGN.md.
+
+``hash = blake3(domain || prev || frame(seq, stream, version, type, at, body))``, every field
+length-prefixed (integers as 8 big-endian bytes). Any change to how `chain.link` computes it (an
+optimisation, a refactor) that changes one bit makes every existing store fail verification, so it
+must fail here first.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import blake3
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lifecycle_es import chain
+from lifecycle_es.events import ReclaimCompleted, encode
+
+U64 = struct.Struct(">Q")
+PREV = bytes(32)
+KEY = bytes(range(32))
+AT = "2026-01-01T00:00:00.000Z"
+BODY = b'{"generation":1,"type":"ReclaimCompleted"}'
+
+
+def prefixed(data: bytes) -> bytes:
+    return U64.pack(len(data)) + data
+
+
+def reference_link(prev: bytes, seq: int, stream: str, version: int, type_: str, at: str, body: bytes,
+                   key: bytes | None = None) -> bytes:
+    data = (b"lifecycle-es/event/v1\x00" + prev + U64.pack(seq) + prefixed(stream.encode()) + U64.pack(version)
+            + prefixed(type_.encode()) + prefixed(at.encode()) + prefixed(body))
+    return (blake3.blake3(data, key=key) if key is not None else blake3.blake3(data)).digest()
+
+
+def test_fixed_vectors() -> None:
+    assert encode(ReclaimCompleted(generation=1)) == BODY
+    assert chain.link(PREV, 1, "runner-1", 1, "ReclaimCompleted", AT, BODY).hex() == (
+        "59af0d35a7a9d6e4591a9fede17612d0db47b4e111509ac263ab31b58384beef")
+    assert chain.link(PREV, 1, "runner-1", 1, "ReclaimCompleted", AT, BODY, KEY).hex() == (
+        "646d34dad1b3bfc45c92c69b7c1b3f70127e308a3dcdf04ce878e1ece48b5081")
+    assert chain.genesis(bytes(range(16))).hex() == "7b7ab0c465432c81c9b6400f8057376bbf02b810504bc00fd888e76422ad6293"
+    assert chain.key_id(KEY) == "c04ff2bcd25f1fa093540bea97da3b4c"
+
+
+texts = st.text(max_size=300)
+ints = st.integers(0, 2**64 - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(prev=st.binary(min_size=32, max_size=32), seq=ints, stream=texts, version=ints, type_=texts, at=texts,
+       body=st.binary(max_size=5000), key=st.one_of(st.none(), st.binary(min_size=32, max_size=32)))
+def test_link_matches_the_reference(prev: bytes, seq: int, stream: str, version: int, type_: str, at: str,
+                                    body: bytes, key: bytes | None) -> None:
+    assert chain.link(prev, seq, stream, version, type_, at, body, key) == reference_link(
+        prev, seq, stream, version, type_, at, body, key)
+
+
+def test_framing_keeps_fields_apart() -> None:
+    # The same characters split differently between fields must never hash alike.
+    base = chain.link(PREV, 1, "ab", 1, "c", AT, BODY)
+    assert chain.link(PREV, 1, "a", 1, "bc", AT, BODY) != base
+    assert chain.link(PREV, 1, "ab", 1, "", "c" + AT, BODY) != base
+    assert chain.link(PREV, 1, "ab", 1, "c", AT[:-1], AT[-1:].encode() + BODY) != base
+    assert chain.link(PREV, 1, "ab", 1, "c", AT, BODY, KEY) != base
