@@ -233,7 +233,8 @@ def test_record_wake_appends_the_wake_under_the_rules(tmp_path) -> None:
                                     post_session_hook_digest="sha256:" + "a" * 64, now=lambda: 1_767_225_600_000)
         lifecycle.initialize()
         record_wake(lifecycle, "lease-1", 1_767_225_700_000)
-        assert [(r.type, r.event.wake_at) for r in store.read()][-1] == ("UnitWakeRecorded", 1_767_225_700_000)
+        last = list(store.read())[-1]
+        assert (last.type, last.event.wake_at) == ("UnitWakeRecorded", 1_767_225_700_000)
         head = store.head()
         with pytest.raises(InvalidInputError):
             record_wake(lifecycle, "lease-1", -5)
