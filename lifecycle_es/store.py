@@ -126,6 +126,14 @@ class Projector(Protocol):
         ...
 
 
+def _text_path(value: object, field: str) -> str:
+    """A non-empty text path without NUL, or InvalidInputError naming `field` (never a bare TypeError)."""
+    text = os.fspath(value) if isinstance(value, str | os.PathLike) else None
+    if not isinstance(text, str) or not text or "\0" in text:
+        raise InvalidInputError(field, f"{field} is invalid: {value!r}")
+    return text
+
+
 def _validate_key(key: object) -> bytes | None:
     if key is None:
         return None
@@ -171,20 +179,26 @@ class EventStore:
         open an existing store without changing it (auditing, asserting lease authority); writes
         then raise StoreIOError.
         """
-        path = os.fspath(path)
-        if not isinstance(path, str) or not path or "\0" in path:
-            raise InvalidInputError("path", f"path is invalid: {path!r}")
-        if durability not in DURABILITY:
+        path = _text_path(path, "path")
+        # isinstance first: an unhashable value must be refused, not raise TypeError on the lookup.
+        if not isinstance(durability, str) or durability not in DURABILITY:
             raise InvalidInputError("durability", f"durability is invalid: {durability!r} (use 'full' or 'normal')")
         safe_int(busy_timeout_ms, "busy_timeout_ms", 0, 3_600_000)
         key = _validate_key(key)
         if now is not None and not callable(now):
             raise InvalidInputError("now", "now must be a callable returning epoch milliseconds")
+        if vfs is not None and not isinstance(vfs, str):
+            raise InvalidInputError("vfs", f"vfs is invalid: {type(vfs).__name__} is not a VFS name")
+        if seal is not None:
+            seal = _text_path(seal, "seal")
+        if not isinstance(read_only, bool):
+            # bool() would read "no" or "false" as True; only a real bool says what the caller meant.
+            raise InvalidInputError("read_only", f"read_only is invalid: {read_only!r} is not a bool")
         backend = SqliteBackend(path, durability=durability, busy_timeout_ms=busy_timeout_ms, vfs=vfs,
-                                read_only=bool(read_only))
+                                read_only=read_only)
         try:
             store = cls(backend, key=key, now=now or (lambda: time.time_ns() // 1_000_000))
-            seal_path = os.fspath(seal) if seal is not None else path + ".seal"
+            seal_path = seal if seal is not None else path + ".seal"
             if seal is not None or os.path.exists(seal_path):
                 store.check_seal(seal_path)
         except BaseException:

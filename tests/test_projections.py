@@ -1,0 +1,366 @@
+"""The read side: read models, snapshots, rebuild, state as of any seq and the fleet view equal a replay.
+
+One mixed log drives most tests: five runners sharing one store file, their commands interleaved,
+leaving one runner in each state (two accepting) and leases of every status. The caches (SQL read
+models and snapshots) are then compared with a fresh replay of the log, queried with plain SQL from a
+connection of the test's own, dropped, corrupted, and rebuilt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import apsw
+import msgspec
+import pytest
+
+from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle, RunnerState
+from lifecycle_es.receipts import project
+from lifecycle_es.replay import load, snapshot_of
+from lifecycle_es.runner import apply, encode_state
+from projections import (
+    SnapshotCheck,
+    attach,
+    check_read_models,
+    fleet,
+    read_model_position,
+    rebuild,
+    replay,
+    replay_all,
+    runner_at,
+    state_at,
+)
+
+T0 = 1_700_000_000_000
+HOOK = "sha256:" + "a" * 64
+RESULT = "sha256:" + "b" * 64
+RESOURCES = Resources(cpu_seconds=600, memory_bytes=1 << 30)
+RUNNERS = {"runner-a": "local", "runner-b": "container", "runner-c": "ssh", "runner-d": "wsl", "runner-e": "local"}
+
+
+def iso(epoch_ms: int) -> str:
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=epoch_ms)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def epoch_ms(at: str) -> int:
+    delta = datetime.fromisoformat(at.replace("Z", "+00:00")) - datetime(1970, 1, 1, tzinfo=UTC)
+    return delta // timedelta(milliseconds=1)
+
+
+class FakeClock:
+    """Epoch milliseconds that move only when the test says so."""
+
+    def __init__(self, ms: int = T0) -> None:
+        self.ms = ms
+
+    def __call__(self) -> int:
+        return self.ms
+
+    def advance(self, ms: int) -> None:
+        self.ms += ms
+
+
+@dataclass
+class Fleet:
+    """A store shared by the five runners, the clock, and a handle per runner."""
+
+    path: str
+    store: EventStore
+    clock: FakeClock
+    base_dir: Path
+    snapshot_every: int
+
+    def handle(self, runner_id: str, store: EventStore | None = None) -> RunnerLifecycle:
+        return RunnerLifecycle(store or self.store, runner_id=runner_id, target=RUNNERS[runner_id],
+                               base_dir=str(self.base_dir), resources=RESOURCES, post_session_hook_digest=HOOK,
+                               now=self.clock, snapshot_every=self.snapshot_every)
+
+    def proxy(self, revision: int = 1) -> ProxyAuthority:
+        return ProxyAuthority(id="proxy-1", revision=revision, issued_at=iso(self.clock.ms),
+                              expires_at=iso(self.clock.ms + 600_000))
+
+
+def open_fleet(tmp_path: Path, *, snapshot_every: int = 64) -> Fleet:
+    clock = FakeClock()
+    base_dir = tmp_path / "base"
+    base_dir.mkdir(exist_ok=True)
+    path = str(tmp_path / "runners.db")
+    return Fleet(path, EventStore.open(path, now=clock), clock, base_dir, snapshot_every)
+
+
+def run_mixed_commands(fleet_: Fleet) -> None:
+    """Interleave commands on five runners; end with a, b accepting, e draining, c parked, d reclaiming."""
+    h = {runner_id: fleet_.handle(runner_id) for runner_id in RUNNERS}
+    for handle in h.values():
+        handle.initialize()
+
+    def lease(runner_id: str, session: str) -> str:
+        handle = h[runner_id]
+        snapshot = handle.snapshot()
+        receipt = handle.acquire_lease(session_id=session, expected_generation=snapshot.generation,
+                                       proxy_authority=fleet_.proxy(max(1, snapshot.proxy_authority.revision)))
+        return receipt.lease.id
+
+    a1, b1, a2, _c1, b2, a3, d1, _e1 = (lease(runner, f"session-{n}") for n, runner in enumerate(
+        ["runner-a", "runner-b", "runner-a", "runner-c", "runner-b", "runner-a", "runner-d", "runner-e"]))
+    fleet_.clock.advance(1_000)
+    h["runner-a"].settle_lease(lease_id=a1, lease_generation=1, result_digest=RESULT)
+    h["runner-b"].request_drain(expected_generation=1, timeout_ms=60_000)
+    h["runner-a"].park_lease(lease_id=a2, lease_generation=1, result_digest=RESULT, reason="lost-poll")
+    h["runner-c"].request_drain(expected_generation=1, timeout_ms=500)
+    h["runner-b"].settle_lease(lease_id=b1, lease_generation=1, result_digest=RESULT)
+    h["runner-d"].park_lease(lease_id=d1, lease_generation=1, result_digest=RESULT, reason="checkout-failure")
+    h["runner-b"].settle_lease(lease_id=b2, lease_generation=1, result_digest=RESULT)  # last one: b parks
+    h["runner-a"].rotate_proxy_authority(expected_generation=1, proxy_authority=fleet_.proxy(2))
+    fleet_.clock.advance(500)
+    h["runner-c"].park_expired_drain(expected_generation=2)
+    h["runner-b"].authorize_post_session_hook(expected_runner_generation=3, lease_id=b1, lease_generation=1,
+                                              result_digest=RESULT, hook_digest=HOOK)
+    h["runner-d"].begin_reclaim(expected_generation=2, proxy_authority=fleet_.proxy(2))
+    h["runner-b"].begin_reclaim(expected_generation=3, proxy_authority=fleet_.proxy(2))
+    lease("runner-a", "session-8")
+    h["runner-e"].request_drain(expected_generation=1, timeout_ms=60_000)
+    h["runner-b"].complete_reclaim(expected_generation=4)
+    h["runner-a"].assert_poll(lease_id=a3, lease_generation=1, proxy_authority_id="proxy-1",
+                              proxy_authority_revision=2)
+
+
+def replayed(store: EventStore) -> dict[str, tuple[RunnerState, int, int]]:
+    """Every runner's (state, version, seq) after a full replay."""
+    last: dict[str, tuple[RunnerState, int, int]] = {}
+    for recorded, state in replay_all(store):
+        last[recorded.stream] = (state, recorded.version, recorded.seq)
+    return last
+
+
+@pytest.fixture
+def mixed(tmp_path: Path) -> Iterator[Fleet]:
+    fleet_ = open_fleet(tmp_path, snapshot_every=3)
+    attach(fleet_.store)
+    run_mixed_commands(fleet_)
+    yield fleet_
+    fleet_.store.close()
+
+
+# --- read models ----------------------------------------------------------------------------------------
+
+
+def test_read_models_equal_a_replay_after_mixed_commands(mixed: Fleet) -> None:
+    store = mixed.store
+    assert read_model_position(store) == store.head().seq
+    states = replayed(store)
+    assert sorted(states) == sorted(RUNNERS)
+    assert check_read_models(store, states) == []
+    # The check is able to fail: a row edited behind the projection's back is reported.
+    store.backend.execute("UPDATE runners SET generation = generation + 1 WHERE runner_id = 'runner-c'")
+    store.backend.execute("DELETE FROM leases WHERE runner_id = 'runner-a' AND status = 'parked'")
+    assert check_read_models(store, states) == [("runner-a", "leases rows differ from the replay"),
+                                                ("runner-c", "runners row differs from the replay")]
+
+
+def test_read_model_rows_answer_plain_sql(mixed: Fleet) -> None:
+    connection = apsw.Connection(mixed.path, flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        by_state = dict(connection.execute(
+            "SELECT state, group_concat(runner_id) FROM (SELECT state, runner_id FROM runners ORDER BY runner_id)"
+            " GROUP BY state").fetchall())
+        assert by_state == {"accepting": "runner-a,runner-b", "draining": "runner-e", "parked": "runner-c",
+                            "reclaiming": "runner-d"}
+        active = dict(connection.execute(
+            "SELECT runner_id, count(*) FROM leases WHERE status = 'active' GROUP BY runner_id").fetchall())
+        assert active == {"runner-a": 2, "runner-e": 1}
+        generations = dict(connection.execute("SELECT runner_id, generation FROM runners").fetchall())
+        assert generations == {runner_id: runner_at(mixed.store, runner_id).generation  # type: ignore[union-attr]
+                               for runner_id in RUNNERS}
+        hooked = connection.execute(
+            "SELECT runner_id, hook_receipt_digest IS NOT NULL FROM leases WHERE result_digest = ?"
+            " AND runner_id = 'runner-b' ORDER BY issued_at, lease_id", (RESULT,)).fetchall()
+        assert sorted(flag for _, flag in hooked) == [0, 1]
+        drain_row = connection.execute(
+            "SELECT drain_signal, drain_deadline_at FROM runners WHERE runner_id = 'runner-e'").fetchone()
+        assert drain_row == ("SIGTERM", iso(T0 + 1_500 + 60_000))
+    finally:
+        connection.close()
+
+
+def test_read_models_catch_up_on_attach(tmp_path: Path) -> None:
+    fleet_ = open_fleet(tmp_path)
+    with fleet_.store:
+        run_mixed_commands(fleet_)  # no read models attached while the log grew
+        assert read_model_position(fleet_.store) is None
+        attach(fleet_.store)
+        assert read_model_position(fleet_.store) == fleet_.store.head().seq
+        assert check_read_models(fleet_.store, replayed(fleet_.store)) == []
+
+
+def test_read_models_catch_up_on_the_next_append_after_another_writer(tmp_path: Path) -> None:
+    fleet_ = open_fleet(tmp_path)
+    with fleet_.store, EventStore.open(fleet_.path, now=fleet_.clock) as other:
+        attach(fleet_.store)
+        mine = fleet_.handle("runner-a")
+        mine.initialize()
+        # Another connection, without read models, writes another runner's events.
+        theirs = fleet_.handle("runner-b", store=other)
+        theirs.initialize()
+        theirs.acquire_lease(session_id="session-1", expected_generation=1, proxy_authority=fleet_.proxy())
+        assert read_model_position(fleet_.store) == 1 < fleet_.store.head().seq
+        # The next append through the attached store folds in the events it missed, in its transaction.
+        mine.request_drain(expected_generation=1)
+        assert read_model_position(fleet_.store) == fleet_.store.head().seq == 5
+        assert check_read_models(fleet_.store, replayed(fleet_.store)) == []
+
+
+# --- snapshots and rebuild ------------------------------------------------------------------------------
+
+
+def _stored_snapshots(store: EventStore) -> dict[str, tuple[int, int, bytes, bytes]]:
+    found = {runner_id: store.backend.snapshot(runner_id) for runner_id in store.streams()}
+    return {runner_id: snapshot for runner_id, snapshot in found.items() if snapshot is not None}
+
+
+def test_rebuild_after_dropped_read_models_and_corrupted_snapshots(mixed: Fleet) -> None:
+    store = mixed.store
+    expected = {runner_id: state for runner_id, (state, _, _) in replayed(store).items()}
+    assert len(_stored_snapshots(store)) >= 4  # snapshot_every=3 left one on most runners
+    for table in ("leases", "runners", "read_model_position"):
+        store.backend.execute(f"DROP TABLE {table}")
+    # Snapshots are a cache, not append-only: overwrite their state bytes with garbage.
+    store.backend.execute("UPDATE snapshots SET state = x'7b226e6f74223a2261207374617465227d'")
+    for runner_id in RUNNERS:
+        assert snapshot_of(store, runner_id) is None  # bytes that do not decode are no snapshot
+        assert mixed.handle(runner_id).state() == expected[runner_id]  # a fresh handle replays from the start
+    report = rebuild(store)
+    assert (report.events, report.runners) == (store.head().seq, len(RUNNERS))
+    assert report.snapshots == len(RUNNERS)
+    assert read_model_position(store) == store.head().seq
+    assert check_read_models(store, replayed(store)) == []
+    check = SnapshotCheck(store)
+    for recorded, state in replay_all(store):
+        check.observe(recorded, state)
+    assert (check.finish(), check.checked) == ([], len(RUNNERS))
+    for runner_id in RUNNERS:
+        snapshot = snapshot_of(store, runner_id)
+        assert snapshot is not None and snapshot.state == expected[runner_id]
+        assert mixed.handle(runner_id).state() == expected[runner_id]
+
+
+def test_a_snapshot_naming_the_wrong_event_is_refused(mixed: Fleet) -> None:
+    store = mixed.store
+    runner_id = "runner-a"
+    expected = replayed(store)[runner_id][0]
+    version, seq, _, event_hash = store.backend.snapshot(runner_id)  # type: ignore[misc]
+    assert snapshot_of(store, runner_id) is not None
+    # A stale but well-formed state: trusted, it would hide every event since its first lease.
+    early = load(store, runner_id, use_snapshot=False, until_seq=next(
+        r.seq for r in store.read(stream=runner_id) if r.type == "LeaseAcquired")).state
+    assert early is not None and early != expected
+    other = next(r for r in store.read() if r.stream != runner_id)
+    tampered = [
+        ("zeroed hash", (version, seq, bytes(32))),
+        ("another stream's event", (other.version, other.seq, other.hash)),
+        ("version off by one", (version + 1, seq, event_hash)),
+        ("a seq past the head", (version, store.head().seq + 10, event_hash)),
+    ]
+    for reason, (bad_version, bad_seq, bad_hash) in tampered:
+        store.backend.execute("UPDATE snapshots SET version = ?, seq = ?, state = ?, event_hash = ? WHERE stream = ?",
+                              (bad_version, bad_seq, encode_state(early), bad_hash, runner_id))
+        assert snapshot_of(store, runner_id) is None, reason
+        assert mixed.handle(runner_id).state() == expected, reason
+        assert state_at(store, runner_id) == expected, reason
+
+
+def test_a_wrong_state_under_a_right_hash_is_caught_by_the_audit_check_and_rebuilt(mixed: Fleet) -> None:
+    store = mixed.store
+    runner_id = "runner-b"
+    _, seq, _, _ = store.backend.snapshot(runner_id)  # type: ignore[misc]
+    replayed_then = load(store, runner_id, use_snapshot=False, until_seq=seq).state
+    assert replayed_then is not None
+    wrong = msgspec.structs.replace(replayed_then, generation=replayed_then.generation + 7)
+    store.backend.execute("UPDATE snapshots SET state = ? WHERE stream = ?", (encode_state(wrong), runner_id))
+    check = SnapshotCheck(store)
+    for recorded, state in replay_all(store):
+        check.observe(recorded, state)
+    assert check.finish() == [(seq, f"snapshot of {runner_id!r} differs from the replayed state")]
+    rebuild(store)
+    assert mixed.handle(runner_id).state() == replayed(store)[runner_id][0]
+
+
+# --- state as of any seq, and the fleet view ------------------------------------------------------------
+
+
+def truncated_replay(store: EventStore, until_seq: int) -> dict[str, RunnerState]:
+    """Fold the log's first `until_seq` events from nothing: no snapshot, no projection helper."""
+    states: dict[str, RunnerState] = {}
+    for recorded in store.read(limit=until_seq):
+        states[recorded.stream] = apply(states.get(recorded.stream), recorded.event, epoch_ms(recorded.at),
+                                        recorded.at)
+    return states
+
+
+def _counts(states: dict[str, RunnerState]) -> tuple[dict[str, list[str]], dict[str, int]]:
+    by_state: dict[str, list[str]] = {name: [] for name in ("accepting", "draining", "parked", "reclaiming")}
+    by_status = {"active": 0, "settled": 0, "parked": 0}
+    for runner_id in sorted(states):
+        by_state[states[runner_id].state].append(runner_id)
+        for lease in states[runner_id].leases:
+            by_status[lease.status] += 1
+    return by_state, by_status
+
+
+def test_state_at_every_seq_equals_a_truncated_replay(mixed: Fleet) -> None:
+    store = mixed.store
+    head = store.head().seq
+    assert head > 30 and _stored_snapshots(store)  # long enough, and snapshots exist to start from
+    for seq in range(head + 1):
+        truth = truncated_replay(store, seq)
+        for runner_id in RUNNERS:
+            expected: Any = truth.get(runner_id)
+            assert state_at(store, runner_id, seq) == expected, (runner_id, seq)
+            assert runner_at(store, runner_id, seq) == (project(expected) if expected is not None else None)
+        assert replay(store, until_seq=seq) == truth
+        view = fleet(store, at_seq=seq)
+        assert (view.head_seq, (view.runners_by_state, view.leases_by_status)) == (seq, _counts(truth))
+        assert view.runners == {runner_id: project(state) for runner_id, state in sorted(truth.items())}
+
+
+def test_fleet_view_counts(mixed: Fleet) -> None:
+    view = fleet(mixed.store)
+    assert view.head_seq == mixed.store.head().seq
+    assert view.runners_by_state == {"accepting": ["runner-a", "runner-b"], "draining": ["runner-e"],
+                                     "parked": ["runner-c"], "reclaiming": ["runner-d"]}
+    assert view.leases_by_status == {"active": 3, "settled": 3, "parked": 3}
+    assert {runner_id: snapshot.generation for runner_id, snapshot in view.runners.items()} == {
+        "runner-a": 2, "runner-b": 5, "runner-c": 3, "runner-d": 3, "runner-e": 2}
+    # A view as of an earlier seq: just after every runner was initialized, all five accept, no lease.
+    early = fleet(mixed.store, at_seq=5)
+    assert early.runners_by_state["accepting"] == sorted(RUNNERS)
+    assert early.leases_by_status == {"active": 0, "settled": 0, "parked": 0}
+
+
+def test_read_models_follow_the_projection_retention_while_the_log_keeps_every_lease(tmp_path: Path) -> None:
+    clock = FakeClock()
+    with EventStore.open(str(tmp_path / "runners.db"), now=clock, durability="normal") as store:
+        attach(store)
+        # The preflight is not under test here; skipping its probe file keeps 260 leases quick.
+        lifecycle = RunnerLifecycle(store, runner_id="runner-a", target="local", base_dir=str(tmp_path),
+                                    resources=RESOURCES, post_session_hook_digest=HOOK, now=clock,
+                                    preflight_base_dir=lambda path: None)
+        lifecycle.initialize()
+        proxy = ProxyAuthority(id="proxy-1", revision=1, issued_at=iso(T0), expires_at=iso(T0 + 600_000))
+        lease_ids = [lifecycle.acquire_lease(session_id=f"session-{n}", expected_generation=1,
+                                             proxy_authority=proxy).lease.id for n in range(260)]
+        for lease_id in lease_ids[:-1]:
+            lifecycle.settle_lease(lease_id=lease_id, lease_generation=1, result_digest=RESULT)
+        lifecycle.park_lease(lease_id=lease_ids[-1], lease_generation=1, result_digest=RESULT, reason="lost-poll")
+        lifecycle.begin_reclaim(expected_generation=2, proxy_authority=msgspec.structs.replace(proxy, revision=2))
+        lifecycle.complete_reclaim(expected_generation=3)
+        rows = store.backend.execute("SELECT lease_id FROM leases WHERE runner_id = 'runner-a' ORDER BY issued_at")
+        assert sorted(row[0] for row in rows) == sorted(lease_ids[-256:])  # the 4 oldest rows were deleted
+        assert check_read_models(store, replayed(store)) == []
+        logged = [r.event.lease_id for r in store.read(stream="runner-a") if r.type == "LeaseAcquired"]  # type: ignore[attr-defined]
+        assert logged == lease_ids
