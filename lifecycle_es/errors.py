@@ -132,4 +132,13 @@ class StoreFullError(StoreError):
 
 
 class StoreIOError(StoreError):
-    """The operating system failed a read or a write of the store; the write was rolled back."""
+    """The operating system failed a read or a write of the store.
+
+    A failed write is rolled back, with one exception: a commit whose fsync failed. Its frames were
+    written and may or may not be on the disk, so its outcome is unknown (``outcome_unknown`` is
+    True); the store then fences itself, and reopening it shows whether the batch landed.
+    """
+
+    def __init__(self, message: str, *, outcome_unknown: bool = False) -> None:
+        self.outcome_unknown = outcome_unknown
+        super().__init__(message)

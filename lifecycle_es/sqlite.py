@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -30,6 +31,8 @@ from .errors import (
 APPLICATION_ID = 0x4C434553  # "LCES"
 SCHEMA_VERSION = 2
 DURABILITY = {"full": 2, "normal": 1}
+# A failed fsync leaves a commit's outcome unknown (its frames may be on the disk): never retried.
+SYNC_FAILURES = frozenset({apsw.SQLITE_IOERR_FSYNC, apsw.SQLITE_IOERR_DIR_FSYNC})
 
 Row = tuple[int, str, int, str, str, bytes, bytes, bytes]
 ROW_COLUMNS = "seq, stream, version, type, at, body, prev, hash"
@@ -173,11 +176,16 @@ def apply_profile(conn: apsw.Connection, *, durability: str, busy_timeout_ms: in
     set_recursive_triggers(conn)
 
 
-def apply_read_profile(conn: apsw.Connection, *, busy_timeout_ms: int) -> None:
-    """The profile of a read-only connection: nothing is changed on the file, WAL must already be on."""
+def apply_read_profile(conn: apsw.Connection, *, busy_timeout_ms: int, immutable: bool = False) -> None:
+    """The profile of a read-only connection: nothing is changed on the file, WAL must already be on.
+
+    An immutable open (read-only media, no -wal) reads journal_mode as "delete" whatever the header
+    says; the check guards the durability of writes, and no write can happen there.
+    """
     set_busy_timeout(conn, busy_timeout_ms)
     set_trusted_schema_off(conn)
-    _expect(conn, "journal_mode", "wal")
+    if not immutable:
+        _expect(conn, "journal_mode", "wal")
 
 
 class SqliteBackend:
@@ -191,6 +199,7 @@ class SqliteBackend:
         path = os.path.join(os.path.realpath(directory), name)
         self.path = path
         self.read_only = read_only
+        self.immutable = False
         exists = check_path(path)
         if not exists:
             if read_only:
@@ -205,7 +214,7 @@ class SqliteBackend:
                 set_busy_timeout(self.conn, busy_timeout_ms)
                 self._check_format()
                 if read_only:
-                    apply_read_profile(self.conn, busy_timeout_ms=busy_timeout_ms)
+                    apply_read_profile(self.conn, busy_timeout_ms=busy_timeout_ms, immutable=self.immutable)
                     if _pragma(self.conn, "user_version") != SCHEMA_VERSION:
                         raise StoreFormatError(f"{path!r} needs a schema migration: open it read-write once")
                 else:
@@ -214,13 +223,19 @@ class SqliteBackend:
                 _expect(self.conn, "application_id", APPLICATION_ID)
                 _expect(self.conn, "user_version", SCHEMA_VERSION)
                 self._check_schema()
+        except StoreIOError as exc:
+            self.conn.close()
+            if not read_only and read_only_fs(path):
+                # SQLite says only "unable to open database file"; say why.
+                raise StoreIOError(f"open {path!r}: the file system is read-only; open it with read_only=True "
+                                   "to read it") from exc
+            raise
         except BaseException:
             self.conn.close()
             raise
         self.identity = self.file_identity()
 
-    @staticmethod
-    def _connect(path: str, vfs: str | None, read_only: bool) -> apsw.Connection:
+    def _connect(self, path: str, vfs: str | None, read_only: bool) -> apsw.Connection:
         """Open the connection; a read-only store is still opened read-write where the file allows it.
 
         SQLite cannot open a WAL file with SQLITE_OPEN_READONLY unless its -shm already exists, and
@@ -228,10 +243,18 @@ class SqliteBackend:
         `read_only` store opens read-write (SQLite may create -shm and -wal; the store itself refuses
         every write) and falls back to SQLITE_OPEN_READONLY only where the file cannot be written.
         """
-        flags = apsw.SQLITE_OPEN_NOFOLLOW | apsw.SQLITE_OPEN_READWRITE
-        if read_only and not os.access(path, os.W_OK):
-            flags = apsw.SQLITE_OPEN_NOFOLLOW | apsw.SQLITE_OPEN_READONLY
-        return apsw.Connection(path, flags=flags, vfs=vfs)
+        if not read_only or (os.access(path, os.W_OK) and not read_only_fs(path)):
+            flags = apsw.SQLITE_OPEN_NOFOLLOW | apsw.SQLITE_OPEN_READWRITE
+            return apsw.Connection(path, flags=flags, vfs=vfs)
+        if os.path.exists(path + "-wal"):
+            # SQLite reads a WAL file read-only when its -wal and -shm exist (it cannot make them here).
+            return apsw.Connection(path, flags=apsw.SQLITE_OPEN_NOFOLLOW | apsw.SQLITE_OPEN_READONLY, vfs=vfs)
+        # No -wal: every commit is in the main file, and nothing can write to it here, so the file is
+        # exactly what immutable=1 assumes (no locks, no -shm needed).
+        self.immutable = True
+        uri = "file:" + urllib.parse.quote(path) + "?immutable=1"
+        flags = apsw.SQLITE_OPEN_NOFOLLOW | apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI
+        return apsw.Connection(uri, flags=flags, vfs=vfs)
 
     @staticmethod
     def _create(path: str, vfs: str | None, *, store_id: bytes | None = None, key_id: str | None = None,
@@ -346,7 +369,16 @@ class SqliteBackend:
                 if not self.conn.getautocommit():
                     self.conn.execute("ROLLBACK")
                 raise
-            self.conn.execute("COMMIT")
+            try:
+                self.conn.execute("COMMIT")
+            except apsw.IOError as exc:
+                if not self.conn.getautocommit():
+                    with contextlib.suppress(apsw.Error):
+                        self.conn.execute("ROLLBACK")
+                if exc.extendedresult in SYNC_FAILURES:
+                    raise StoreIOError(f"{action}: the commit's fsync failed ({exc}): whether it reached the disk "
+                                       "is unknown", outcome_unknown=True) from exc
+                raise
 
     @contextlib.contextmanager
     def read_tx(self, action: str) -> Iterator[apsw.Connection]:
@@ -506,6 +538,14 @@ def _refuse_orphan_wal(path: str) -> None:
     if orphan and not os.path.lexists(path):
         raise StoreFormatError(f"{wal!r} exists without its store {path!r} (a store removed while in use?); "
                                "restore the store or remove the WAL before creating a new one")
+
+
+def read_only_fs(path: str) -> bool:
+    """Whether the file system holding `path` is mounted read-only."""
+    try:
+        return bool(os.statvfs(os.path.dirname(path) or ".").f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _fsync_dir(directory: str) -> None:

@@ -174,19 +174,24 @@ def test_full_syncs_every_commit_and_normal_does_not(template: Path, tmp_path: P
             assert vfs.counts["sync"] - before == (1 if durability == "full" else 0)
 
 
-def test_failed_sync_is_an_io_error_and_the_store_goes_on(template: Path, tmp_path: Path) -> None:
+def test_failed_sync_leaves_the_outcome_unknown_and_fences_the_store(template: Path, tmp_path: Path) -> None:
+    # fsyncgate: after a failed fsync nobody knows what reached the disk, and a retry could duplicate or
+    # chain onto a lost batch. The store says so (outcome_unknown), fences itself, and a reopen learns.
     with fault_vfs() as vfs, faulty(template, tmp_path / "s", vfs, "full", True) as (path, store):
         before = rows(store)
         vfs.inject("sync", apsw.SQLITE_IOERR_FSYNC, at=1, count=None)
-        for _ in range(2):
-            with raises_exactly(StoreIOError):
-                store.append("runner-a", events(3, 5000))
-        assert rows(store) == before
+        with raises_exactly(StoreIOError) as caught:
+            store.append("runner-a", events(3, 5000))
+        assert caught.value.outcome_unknown
+        assert store.fenced is not None and "unknown" in store.fenced
         vfs.clear_faults()
-        later = store.append("runner-a", events(1, 8))
-        assert store.verify().events == len(before) + 1
-    # The later commit overwrote the failed one's frames: the failed batch must not come back.
-    assert reopened_rows(path) == before + [r.row() for r in later]
+        with raises_exactly(StoreFencedError):
+            store.append("runner-a", events(1, 8))
+        assert rows(store) == before
+    with EventStore.open(path) as reopened:
+        later = reopened.append("runner-a", events(1, 8))
+        assert reopened.verify().events == len(reopened_rows(path))
+    assert reopened_rows(path)[-1] == later[-1].row()
 
 
 @pytest.mark.parametrize("keep", [True, False], ids=["disk-kept-the-writes", "disk-lost-the-writes"])
@@ -272,6 +277,9 @@ CHILD = textwrap.dedent("""
     except StoreError as exc:
         outcome["open"] = type(exc).__name__
         outcome["message"] = str(exc)
+    # An auditor must still read a store on read-only media (a snapshot, an evidence copy).
+    with EventStore.open(sys.argv[1], read_only=True) as reader:
+        outcome["read_only_events"] = reader.verify().events
     print(json.dumps(outcome))
 """)
 
@@ -296,6 +304,8 @@ def test_read_only_bind_mount_is_an_io_error(tmp_path: Path) -> None:
     outcome = json.loads(done.stdout)
     assert outcome["open"] == "StoreIOError", outcome
     assert str(view / "runners.db") in outcome["message"]
+    assert "read-only" in outcome["message"]
+    assert outcome["read_only_events"] == 2
     assert digests(data / "runners.db") == before
 
 
