@@ -527,7 +527,14 @@ class _WriteTransaction:
         return self
 
     def __exit__(self, *exc: Any) -> Any:
-        result = self._context.__exit__(*exc)
+        try:
+            result = self._context.__exit__(*exc)
+        except StoreIOError as error:
+            if error.outcome_unknown:
+                # A retry could append the same facts twice, or chain onto a batch the disk lost.
+                self._store.fence(f"a commit's fsync failed, so whether it landed is unknown: reopen the store "
+                                  f"to learn ({error})")
+            raise
         if exc[0] is None:
             self._store._local_commits += 1
         return result
