@@ -7,6 +7,7 @@ re-encodes. Floats are refused: a value that is not an integer has no single can
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from datetime import UTC, datetime
@@ -20,6 +21,11 @@ _ENCODER = msgspec.json.Encoder(order="sorted")
 
 # The latest instant a timestamp may name; beyond it ISO-8601 needs more than four year digits.
 MAX_EPOCH_MS = 253_402_300_799_999
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Parsing is pure, and a replay parses the same strings over and over (a proxy authority's two
+# timestamps on every lease it fronts, one `at` for all the events of a command): remember the last few
+# thousand. Errors are not remembered; they are raised afresh each time.
+_PARSED_CACHE = 4096
 
 
 def canonical_bytes(value: Any) -> bytes:
@@ -59,12 +65,26 @@ def iso_ms(epoch_ms: int) -> str:
 
 def parse_iso_ms(value: str) -> int:
     """Epoch milliseconds of an ISO-8601 timestamp that names its offset; raises ValueError otherwise."""
+    if type(value) is str:
+        return _parsed(value)
+    return _parse(value)
+
+
+def _parse(value: str) -> int:
     text = value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value
     moment = datetime.fromisoformat(text)
     if moment.tzinfo is None:
         raise ValueError("timestamp has no UTC offset")
-    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    delta = moment - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+_parsed = functools.lru_cache(maxsize=_PARSED_CACHE)(_parse)
+
+
+@functools.lru_cache(maxsize=_PARSED_CACHE)
+def _canonical_text(millis: int) -> str:
+    return iso_ms(millis)
 
 
 def timestamp(value: object, field: str) -> str:
@@ -88,4 +108,4 @@ def timestamp(value: object, field: str) -> str:
         raise InvalidInputError(field, f"{field} is invalid: expected an ISO-8601 string or aware datetime")
     if not 0 <= millis <= MAX_EPOCH_MS:
         raise InvalidInputError(field, f"{field} is invalid: {value!r} is out of range")
-    return iso_ms(millis)
+    return _canonical_text(millis)

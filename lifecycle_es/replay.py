@@ -14,6 +14,7 @@ import msgspec
 
 from .canonical import parse_iso_ms
 from .errors import IntegrityError, LifecycleError, StoreError
+from .events import decode, type_of
 from .runner import RunnerState, apply, decode_state, encode_state
 from .store import EventStore, RecordedEvent
 
@@ -37,6 +38,27 @@ def fold(state: RunnerState | None, recorded: RecordedEvent) -> RunnerState:
         raise
     except (LifecycleError, ValueError) as exc:
         raise IntegrityError(recorded.seq, f"{recorded.type} breaks the rules: {exc}", stream=recorded.stream) from None
+
+
+def fold_row(state: RunnerState | None, seq: int, stream: str, type_: str, at: str, body: bytes) -> RunnerState:
+    """`fold` of an event given as its row's columns, for a replay that reads rows and keeps none.
+
+    The same checks and errors as ``fold(state, RecordedEvent(...))`` (a body that is not an event, a
+    ``type`` column that is not the body's tag, a broken rule: IntegrityError at `seq`), without
+    making a RecordedEvent per row.
+    """
+    try:
+        event = decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise IntegrityError(seq, f"body is not a valid event: {exc}", stream=stream) from None
+    if type_of(event) != type_:
+        raise IntegrityError(seq, f"type column {type_!r} differs from body tag {type_of(event)!r}", stream=stream)
+    try:
+        return apply(state, event, parse_iso_ms(at), at)
+    except IntegrityError:
+        raise
+    except (LifecycleError, ValueError) as exc:
+        raise IntegrityError(seq, f"{type_} breaks the rules: {exc}", stream=stream) from None
 
 
 def snapshot_of(store: EventStore, stream: str) -> Folded | None:
