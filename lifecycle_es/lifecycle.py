@@ -257,8 +257,11 @@ class RunnerLifecycle:
         """
         session_id = safe_id(session_id, "session_id")
         expected_generation = _generation(expected_generation, "expected_generation")
-        ttl_ms = safe_int(ttl_ms, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)
         proxy = ProxyAuthority.coerce(proxy_authority)
+        # The seed validates the proxy authority, freshness included, before the ttl and every fence:
+        # a stale authority is an AuthorityError even when the generation is stale too.
+        check_fresh(proxy, self._clock())
+        ttl_ms = safe_int(ttl_ms, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)
         lease_id = self._lease_id()
         self._preflight_base_dir()
 
