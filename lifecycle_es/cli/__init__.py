@@ -1,0 +1,84 @@
+"""The ``lifecycle-es`` command: audit, show, follow, rebuild, seal, export and import a log file.
+
+    lifecycle-es audit FILE [--seal SEAL] [--key-file K] [--json] [--jobs N]
+    lifecycle-es show FILE [RUNNER] [--at SEQ] [--json]
+    lifecycle-es events FILE [--runner R] [--after SEQ] [--follow] [--json]
+    lifecycle-es rebuild FILE
+    lifecycle-es seal FILE [--key-file K] [--no-verify]
+    lifecycle-es export FILE OUT.jsonl
+    lifecycle-es import IN.jsonl FILE [--key-file K]
+
+Subcommands live in modules of this package, listed in `COMMAND_MODULES`; each exposes
+``register(subparsers)``, which adds its parsers with ``set_defaults(run=...)``. A new command group
+(the host driver's, the demo) is one more module and one more name in that list. Importing this
+package imports neither ``projections`` nor ``hosts``: a command module imports what it needs inside
+its ``run`` function, so the core's import graph stays one-way and the command starts fast.
+
+Exit codes are sysexits (see ``exits.py``); every error becomes one line on stderr and its code,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from .exits import EXIT_OK, EXIT_USAGE, classify
+
+__all__ = ["COMMAND_MODULES", "ArgumentParser", "build_parser", "main"]
+
+PROG = "lifecycle-es"
+
+# The registry: modules of this package that add subcommands, in the order --help lists them.
+COMMAND_MODULES: list[str] = ["audit", "show", "events", "maintenance", "transfer"]
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error exits 64 (EX_USAGE) as sysexits says, not argparse's 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print the usage and the error on stderr, then exit 64."""
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> ArgumentParser:
+    """The whole command line: every registered module's subcommands."""
+    parser = ArgumentParser(prog=PROG, description="Audit and inspect lifecycle-es event logs.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"{__name__}.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with `argv` (default: ``sys.argv[1:]``); return the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = int(args.run(args))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``| head``): what it read was whole, and there is no one left to tell.
+        _silence_stdout()
+        return EXIT_OK
+    except BaseException as exc:  # the boundary: one line and an exit code, never a traceback
+        if isinstance(exc, SystemExit):
+            raise
+        code, message = classify(exc)
+        sys.stderr.write(f"{PROG} {args.command}: error: {message}\n")
+        return code
+    return code
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass

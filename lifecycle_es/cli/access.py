@@ -1,0 +1,135 @@
+"""How the command line reaches a store: key files, opens that change nothing, and format checks.
+
+A file handed to the command line may be anything: random bytes, another program's database, a
+lifecycle-es store an attacker edited. Before any row is read, `open_store` checks that the tables
+are the store's own (STRICT, with the store's column types), so every value read back has the type
+the code expects and a hostile file fails with StoreFormatError, never deeper in the code.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Sequence
+
+from lifecycle_es import chain
+from lifecycle_es.errors import StoreFormatError, StoreKeyError
+from lifecycle_es.sqlite import SqliteBackend, translated
+from lifecycle_es.store import EventStore
+
+from .exits import EXIT_NOINPUT, EXIT_USAGE, CommandError
+
+MAX_KEY_FILE_BYTES = 256
+BUSY_TIMEOUT_MS = 5000
+
+# (name, declared type, not null, primary key) of every column, per table, as the migrations create them
+# (a STRICT table's TEXT primary key is NOT NULL; an INTEGER PRIMARY KEY is the rowid, never NULL).
+# STRICT tables hold exactly these types, so a row read back cannot surprise the code that reads it.
+TABLES: dict[str, tuple[tuple[str, str, bool, bool], ...]] = {
+    "meta": (("key", "TEXT", True, True), ("value", "BLOB", True, False)),
+    "events": (("seq", "INTEGER", False, True), ("stream", "TEXT", True, False), ("version", "INTEGER", True, False),
+               ("type", "TEXT", True, False), ("at", "TEXT", True, False), ("body", "BLOB", True, False),
+               ("prev", "BLOB", True, False), ("hash", "BLOB", True, False)),
+    "snapshots": (("stream", "TEXT", True, True), ("version", "INTEGER", True, False),
+                  ("seq", "INTEGER", True, False), ("state", "BLOB", True, False),
+                  ("event_hash", "BLOB", True, False)),
+}
+TRIGGERS = ("events_no_update", "events_no_delete")
+
+
+def read_key_file(path: str) -> bytes:
+    """The 32-byte key in `path`: 32 raw bytes, or 64 hex characters (surrounding whitespace ignored).
+
+    The key is never echoed: a malformed file is reported by its length only.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise CommandError(EXIT_NOINPUT, f"key file {path!r} does not exist") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CommandError(EXIT_USAGE, f"key file {path!r} is not a regular file")
+        data = os.read(fd, MAX_KEY_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) == chain.KEY_BYTES:
+        return data
+    text = data.strip()
+    if len(text) == 2 * chain.KEY_BYTES:
+        try:
+            return bytes.fromhex(text.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            pass
+    raise CommandError(EXIT_USAGE, f"key file {path!r} must hold {chain.KEY_BYTES} raw bytes or "
+                                   f"{2 * chain.KEY_BYTES} hex characters (it holds {len(data)} bytes)")
+
+
+def require_file(path: str, what: str = "store") -> None:
+    """CommandError(66) unless something exists at `path` (what it is, the store's own checks decide)."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        raise CommandError(EXIT_NOINPUT, f"{what} {path!r} does not exist") from None
+
+
+def check_tables(backend: SqliteBackend, tables: Sequence[str] = tuple(TABLES)) -> None:
+    """StoreFormatError unless each of `tables` is a STRICT table with exactly the store's columns."""
+    with translated("check the store's tables"):
+        for table in tables:
+            listed = backend.execute("SELECT strict FROM pragma_table_list WHERE schema = 'main' AND name = ?",
+                                     (table,))
+            if not listed:
+                raise StoreFormatError(f"{backend.path!r} has no {table!r} table: not a lifecycle-es store")
+            columns = tuple((name, str(declared).upper(), bool(notnull), bool(pk)) for name, declared, notnull, pk
+                            in backend.execute('SELECT name, type, "notnull", pk FROM pragma_table_info(?)', (table,)))
+            if listed[0][0] != 1 or columns != TABLES[table]:
+                raise StoreFormatError(f"{backend.path!r} has a {table!r} table that is not the store's "
+                                       "(columns or types differ): not a lifecycle-es store")
+
+
+def missing_triggers(store: EventStore) -> list[str]:
+    """The append-only triggers the file no longer has (whoever can write the file can drop them)."""
+    with translated("list triggers"):
+        present = {row[0] for row in store.backend.execute("SELECT name FROM sqlite_schema WHERE type = 'trigger'")}
+    return [name for name in TRIGGERS if name not in present]
+
+
+def open_store(path: str, *, key: bytes | None = None, seal: str | bool | None = None,
+               need_key: bool = False) -> EventStore:
+    """Open the store at `path` read-only, after checking that it is one.
+
+    `seal`: a seal file to check on open, ``None`` for ``<path>.seal`` when it exists, ``False`` for
+    none (the audit checks the seal itself, after the replay, so that its report is whole).
+    `need_key`: refuse a keyed store opened without its key (StoreKeyError) instead of reading it
+    unverified. A key for a store that is not keyed is refused too.
+    """
+    require_file(path)
+    backend = SqliteBackend(path, durability="full", busy_timeout_ms=BUSY_TIMEOUT_MS, read_only=True)
+    try:
+        check_tables(backend)
+        keyed = backend.meta("key_id") is not None
+        if key is not None and not keyed:
+            raise StoreKeyError("the store is not keyed: its events were hashed without a key (drop --key-file)")
+        if need_key and keyed and key is None:
+            raise StoreKeyError("the store is keyed: its hashes are MACs, so checking them needs --key-file")
+        store = EventStore(backend, key=key, now=lambda: time.time_ns() // 1_000_000)
+        if seal is not False:
+            seal_path = seal if isinstance(seal, str) else path + ".seal"
+            if isinstance(seal, str):
+                require_file(seal_path, "seal")
+            if os.path.lexists(seal_path):
+                store.check_seal(seal_path)
+    except BaseException:
+        backend.close()
+        raise
+    return store
+
+
+def default_seal(path: str, seal: str | None) -> str | None:
+    """The seal the audit checks: `seal` when named (it must exist), else ``<path>.seal`` when present."""
+    if seal is not None:
+        require_file(seal, "seal")
+        return seal
+    beside = path + ".seal"
+    return beside if os.path.lexists(beside) else None

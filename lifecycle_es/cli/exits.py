@@ -1,0 +1,134 @@
+"""Exit codes of the ``lifecycle-es`` command, and the one place errors become them.
+
+The codes follow sysexits, as `lifecycle_es.errors` does for processes that stop on its errors:
+
+    0   EXIT_OK          the command did what was asked (audit: the log is whole)
+    64  EXIT_USAGE       bad usage: unknown option, bad value, malformed key file
+    65  EXIT_DATAERR     the data is wrong: integrity failure, illegal transition, behind its seal,
+                         not a lifecycle-es file, snapshot or read model differs from a replay
+    66  EXIT_NOINPUT     a file (store, seal, key, export) or a runner named does not exist
+    70  EXIT_SOFTWARE    a bug: something raised that nothing here expected
+    73  EXIT_CANTCREAT   an output file exists already (export, import never overwrite)
+    74  EXIT_IOERR       the operating system failed a read or a write (or the disk is full)
+    75  EXIT_FENCED      the store was fenced
+    76  EXIT_HELD        the store's lock is held elsewhere (busy timeout passed)
+    77  EXIT_NOPERM      a keyed store without its key (or with the wrong one)
+    130                  interrupted (SIGINT) where a command does not treat it as its end
+
+`classify` maps any exception to ``(code, one-line message)``; the command line prints that line and
+never a traceback, whatever the file holds.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from lifecycle_es.errors import (
+    EXIT_DATAERR,
+    EXIT_FENCED,
+    EXIT_HELD,
+    EXIT_SOFTWARE,
+    IntegrityError,
+    InvalidInputError,
+    LifecycleError,
+    StoreBusyError,
+    StoreFencedError,
+    StoreFullError,
+    StoreIOError,
+    StoreKeyError,
+)
+
+EXIT_OK = 0
+EXIT_USAGE = 64
+EXIT_NOINPUT = 66
+EXIT_CANTCREAT = 73
+EXIT_IOERR = 74
+EXIT_NOPERM = 77
+EXIT_INTERRUPTED = 130
+
+__all__ = [
+    "EXIT_CANTCREAT",
+    "EXIT_DATAERR",
+    "EXIT_FENCED",
+    "EXIT_HELD",
+    "EXIT_INTERRUPTED",
+    "EXIT_IOERR",
+    "EXIT_NOINPUT",
+    "EXIT_NOPERM",
+    "EXIT_OK",
+    "EXIT_SOFTWARE",
+    "EXIT_USAGE",
+    "CommandError",
+    "classify",
+    "one_line",
+    "printable",
+]
+
+
+class CommandError(Exception):
+    """A failure the command line reports as it is: an exit code and a one-line message."""
+
+    def __init__(self, code: int, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped, so a value from a hostile file cannot drive the terminal."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
+def one_line(text: str, limit: int = 1000) -> str:
+    """`text` on one line, control characters escaped (a hostile file's values can hold both), cut short."""
+    flat = printable(" ".join(str(text).split()))
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def classify(exc: BaseException) -> tuple[int, str]:
+    """The exit code and the one-line message for an exception that reached the command line."""
+    code = _code(exc)
+    if isinstance(exc, UnicodeError):
+        message = "text in the file is not valid UTF-8: not a lifecycle-es file, or damaged"
+    elif isinstance(exc, msgspec.MsgspecError):
+        message = f"malformed data: {exc}"
+    elif isinstance(exc, OSError) and exc.strerror:
+        message = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    elif code == EXIT_SOFTWARE:
+        message = f"internal error ({type(exc).__name__}): {exc}"
+    else:
+        message = str(exc) or type(exc).__name__
+    return code, one_line(message)
+
+
+def _code(exc: BaseException) -> int:
+    # Most specific first: the store's error kinds subclass each other and builtins.
+    if isinstance(exc, CommandError):
+        return exc.code
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, IntegrityError):
+        return EXIT_DATAERR
+    if isinstance(exc, StoreKeyError):
+        return EXIT_NOPERM
+    if isinstance(exc, StoreBusyError):
+        return EXIT_HELD
+    if isinstance(exc, StoreFencedError):
+        return EXIT_FENCED
+    if isinstance(exc, StoreFullError | StoreIOError):
+        return EXIT_IOERR
+    if isinstance(exc, InvalidInputError):
+        return EXIT_USAGE
+    if isinstance(exc, LifecycleError | msgspec.MsgspecError | UnicodeError):
+        # StoreFormatError, StoreBehindSealError, StorePragmaError and any other store error: the file
+        # is not what a lifecycle-es store must be.
+        return EXIT_DATAERR
+    if isinstance(exc, FileNotFoundError):
+        return EXIT_NOINPUT
+    if isinstance(exc, OSError):
+        return EXIT_IOERR
+    return EXIT_SOFTWARE

@@ -1,0 +1,260 @@
+"""``lifecycle-es export`` and ``lifecycle-es import``: a log as JSON lines, and back into a new file.
+
+    lifecycle-es export runners.db runners.jsonl       every row, all columns, bytes as hex
+    lifecycle-es import runners.jsonl restored.db      verified, written exactly, verified again
+
+The first line is a header: ``{"format": "lifecycle-es-export", "version": 1, "store_id", "key_id",
+"events", "head_seq", "head_hash"}``; each line after it is one row ``{"seq", "stream", "version",
+"type", "at", "body", "prev", "hash"}`` with ``body``, ``prev`` and ``hash`` in hex. Import keeps the
+store id (the chain's genesis derives from it) and the rows' bytes, so the new file's chain is the old
+one, hash for hash. Neither command overwrites a file (exit 73); an export is written 0600, like a store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import IO, Any
+
+import msgspec
+
+from lifecycle_es import chain
+from lifecycle_es.backend import Row
+from lifecycle_es.errors import StoreKeyError
+from lifecycle_es.sqlite import create_store
+from lifecycle_es.store import EventStore
+
+from .access import open_store, read_key_file, require_file
+from .exits import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_OK, CommandError
+from .render import Progress
+
+FORMAT = "lifecycle-es-export"
+FORMAT_VERSION = 1
+# An event body is a few hundred bytes; a line far beyond this is not an export, and must not be
+# read whole into memory to find that out.
+MAX_LINE_BYTES = 64 << 20
+
+
+class ExportHeader(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The first line of an export: what store the rows belong to and where its chain ends."""
+
+    format: str
+    version: int
+    store_id: str
+    key_id: str | None
+    events: int
+    head_seq: int
+    head_hash: str | None
+
+
+class ExportRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One row of the events table, its byte columns in hex."""
+
+    seq: int
+    stream: str
+    version: int
+    type: str
+    at: str
+    body: str
+    prev: str
+    hash: str
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``export`` and ``import`` subcommands."""
+    export = subparsers.add_parser(
+        "export", help="write every row of the log as JSON lines (bytes as hex), after a header line",
+        description="Write the log to OUT: a header line (store id, key id, head), then one JSON line per row "
+                    "with every column. OUT must not exist; it is created 0600.")
+    export.add_argument("file", metavar="FILE", help="the store file")
+    export.add_argument("out", metavar="OUT.jsonl", help="the export to write")
+    export.set_defaults(run=run_export)
+
+    restore = subparsers.add_parser(
+        "import", help="restore an export into a NEW store file, chain verified before and after",
+        description="Verify the export's whole chain, write its rows exactly into a new store FILE (same store "
+                    "id, so the chain is unchanged), then verify FILE. FILE must not exist.")
+    restore.add_argument("source", metavar="IN.jsonl", help="an export written by `lifecycle-es export`")
+    restore.add_argument("file", metavar="FILE", help="the new store file")
+    restore.add_argument("--key-file", metavar="K", help="the key of a keyed store's export")
+    restore.set_defaults(run=run_import)
+
+
+# --- export -----------------------------------------------------------------------------------------
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Write the export, no-clobber, and say what it holds."""
+    require_file(args.file)
+    _refuse_existing(args.out)
+    encoder = msgspec.json.Encoder()
+    with open_store(args.file) as store, store.backend.read_tx("export"), _new_file(args.out) as out:
+        head = store.head()
+        out.write(encoder.encode(ExportHeader(
+            format=FORMAT, version=FORMAT_VERSION, store_id=store.store_id.hex(), key_id=store.key_id,
+            events=head.seq, head_seq=head.seq, head_hash=head.hash.hex() if head.seq else None)) + b"\n")
+        bar = Progress("export", head.seq)
+        for recorded in store.read():
+            out.write(encoder.encode(ExportRow(
+                seq=recorded.seq, stream=recorded.stream, version=recorded.version, type=recorded.type,
+                at=recorded.at, body=recorded.body.hex(), prev=recorded.prev.hex(), hash=recorded.hash.hex(),
+            )) + b"\n")
+            if recorded.seq % 10_000 == 0:
+                bar.update(recorded.seq)
+        bar.close()
+    print(f"exported {head.seq:,} events of {args.file} to {args.out}"
+          + (f" (head seq {head.seq:,}, hash {head.hash.hex()})" if head.seq else ""))
+    return EXIT_OK
+
+
+def _refuse_existing(path: str) -> None:
+    if os.path.lexists(path):
+        raise CommandError(EXIT_CANTCREAT, f"{path!r} exists; it is not overwritten")
+
+
+@contextlib.contextmanager
+def _new_file(path: str) -> Iterator[IO[bytes]]:
+    """A file written under a temporary name, synced, then linked to `path` (never over another file)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    temp = os.path.join(directory, f".{os.path.basename(path)}.writing-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise CommandError(EXIT_CANTCREAT, f"cannot create {path!r}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(temp, path)
+        except FileExistsError:
+            raise CommandError(EXIT_CANTCREAT, f"{path!r} appeared while it was written; it is not overwritten") \
+                from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+
+
+# --- import -----------------------------------------------------------------------------------------
+
+
+def run_import(args: argparse.Namespace) -> int:
+    """Verify the export, write the new store, verify it."""
+    require_file(args.source, "export")
+    _refuse_existing(args.file)
+    key = read_key_file(args.key_file) if args.key_file else None
+    header = verify_export(args.source, key)
+    create_store(args.file, store_id=bytes.fromhex(header.store_id), key_id=header.key_id,
+                 rows=_rows(args.source))
+    try:
+        # A read-write open turns on WAL and the profile; verify() then proves the new file's chain.
+        with EventStore.open(args.file, key=key) as store:
+            report = store.verify(key=key)
+        if report.events != header.events or (header.head_hash is not None
+                                              and report.head.hash.hex() != header.head_hash):
+            raise CommandError(EXIT_DATAERR, f"{args.file!r} does not hold the export's chain (the export changed "
+                                             "while it was imported?)")
+    except BaseException:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                os.unlink(args.file + suffix)
+        raise
+    print(f"imported {report.events:,} events into {args.file}, chain verified"
+          + (f" (head seq {report.head.seq:,}, hash {report.head.hash.hex()})" if report.events else ""))
+    return EXIT_OK
+
+
+def _lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of `path`, refusing a line too long to be an export's."""
+    with open(path, "rb") as handle:
+        number = 0
+        while True:
+            line = handle.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return
+            number += 1
+            if len(line) > MAX_LINE_BYTES:
+                raise CommandError(EXIT_DATAERR, f"{path}: line {number} is longer than {MAX_LINE_BYTES:,} bytes: "
+                                                 "not an export")
+            yield number, line
+
+
+def _bad(path: str, number: int, reason: str) -> CommandError:
+    return CommandError(EXIT_DATAERR, f"{path}: line {number}: {reason}")
+
+
+def _header(path: str, lines: Iterator[tuple[int, bytes]]) -> ExportHeader:
+    first = next(lines, None)
+    if first is None:
+        raise _bad(path, 1, "empty file: not an export")
+    try:
+        header = msgspec.json.decode(first[1], type=ExportHeader)
+        bytes.fromhex(header.store_id)
+    except (msgspec.MsgspecError, ValueError) as exc:
+        raise _bad(path, 1, f"not a lifecycle-es export header ({exc})") from None
+    if header.format != FORMAT or header.version != FORMAT_VERSION:
+        raise _bad(path, 1, f"format {header.format!r} version {header.version} is not {FORMAT!r} "
+                            f"version {FORMAT_VERSION}")
+    if not header.store_id or header.events < 0 or header.head_seq != header.events:
+        raise _bad(path, 1, "the header's store id, event count or head is malformed")
+    return header
+
+
+def _decoded_rows(path: str) -> Iterator[tuple[int, Row]]:
+    """(line number, row) for every row line, each decoded and its hex turned to bytes."""
+    decoder = msgspec.json.Decoder(ExportRow)
+    lines = _lines(path)
+    _header(path, lines)
+    for number, line in lines:
+        try:
+            row = decoder.decode(line)
+            yield number, (row.seq, row.stream, row.version, row.type, row.at, bytes.fromhex(row.body),
+                           bytes.fromhex(row.prev), bytes.fromhex(row.hash))
+        except (msgspec.MsgspecError, ValueError) as exc:
+            raise _bad(path, number, f"not an export row ({exc})") from None
+
+
+def _rows(path: str) -> Iterator[Row]:
+    for _, row in _decoded_rows(path):
+        yield row
+
+
+def verify_export(path: str, key: bytes | None) -> ExportHeader:
+    """Prove the export's whole chain (seqs, versions, links, hashes or MACs) and return its header."""
+    header = _header(path, _lines(path))
+    if header.key_id is not None and key is None:
+        raise StoreKeyError("the export is of a keyed store: verifying its MACs needs --key-file")
+    if header.key_id is None and key is not None:
+        raise StoreKeyError("the export is of a store that is not keyed (drop --key-file)")
+    if key is not None and chain.key_id(key) != header.key_id:
+        raise StoreKeyError("wrong key: its key id differs from the one the export names")
+    prev = chain.genesis(bytes.fromhex(header.store_id), key)
+    versions: dict[str, int] = {}
+    expected = 1
+    bar = Progress("verify export", header.events)
+    for number, (seq, stream, version, type_, at, body, row_prev, digest) in _decoded_rows(path):
+        if seq != expected:
+            raise _bad(path, number, f"seq {seq} where {expected} was due")
+        if version != versions.get(stream, 0) + 1:
+            raise _bad(path, number, f"seq {seq}: version {version} where {versions.get(stream, 0) + 1} was due")
+        versions[stream] = version
+        if row_prev != prev:
+            raise _bad(path, number, f"seq {seq}: prev does not link to the hash of the row before it")
+        try:
+            digest_ok = chain.link(prev, seq, stream, version, type_, at, body, key) == digest
+        except UnicodeEncodeError:  # a lone surrogate from a JSON escape: no store could hold it
+            raise _bad(path, number, f"seq {seq}: text that is not valid Unicode") from None
+        if not digest_ok:
+            raise _bad(path, number, f"seq {seq}: hash does not match the row's contents")
+        prev = digest
+        expected += 1
+        if seq % 10_000 == 0:
+            bar.update(seq)
+    bar.close()
+    if expected - 1 != header.events or (header.events and prev.hex() != header.head_hash):
+        raise CommandError(EXIT_DATAERR, f"{path}: the rows end at seq {expected - 1:,}, the header says "
+                                         f"{header.head_seq:,} (a truncated or spliced export)")
+    return header

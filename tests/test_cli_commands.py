@@ -1,0 +1,231 @@
+"""``show``, ``events`` (``--follow`` too), ``rebuild``, ``seal``, ``export``, ``import``, as an operator runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_cli_logs import (
+    CLI,
+    DIGEST,
+    KEY,
+    attack,
+    audit_json,
+    copy_store,
+    fleet_in,
+    one_error_line,
+    row,
+    rows_and_meta,
+    run,
+)
+
+from lifecycle_es import EventStore
+from lifecycle_es.events import LeaseSettled
+
+FleetLog = tuple[Path, dict[str, int]]
+
+
+@pytest.fixture(scope="module")
+def fleet_log(tmp_path_factory: pytest.TempPathFactory) -> FleetLog:
+    """The fleet log, sealed; tests that change it work on a copy."""
+    return fleet_in(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def keyed_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fleet log in a keyed store."""
+    return fleet_in(tmp_path_factory, key=KEY)[0]
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    """The keyed store's key, as 64 hex characters."""
+    path = tmp_path / "store.key"
+    path.write_text(KEY.hex())
+    return path
+
+
+# --- show --------------------------------------------------------------------------------------------
+
+
+def test_show_the_fleet(fleet_log: FleetLog) -> None:
+    path, marks = fleet_log
+    done = run("show", path, "--json")
+    assert done.returncode == 0
+    view = json.loads(done.stdout)
+    assert view["head_seq"] == marks["head"]
+    assert view["runners_by_state"] == {"accepting": ["runner-0", "runner-1"], "draining": [], "parked": ["runner-2"],
+                                        "reclaiming": []}
+    assert view["runners"]["runner-1"]["policy_revision"] == 2  # its proxy was rotated
+
+    text = run("show", path)
+    assert text.returncode == 0
+    lines = text.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("runner "))
+    assert all(column in header for column in ("state", "gen", "policy", "proxy", "drain deadline", "active"))
+    assert any(line.startswith("runner-2") and " parked " in line for line in lines)
+
+
+def test_show_one_runner_now_and_at_an_older_seq(fleet_log: FleetLog) -> None:
+    path, marks = fleet_log
+    then = json.loads(run("show", path, "runner-0", "--at", str(marks["active_seq"]), "--json").stdout)
+    now = json.loads(run("show", path, "runner-0", "--json").stdout)
+    assert then["head_seq"] == marks["active_seq"] and now["head_seq"] == marks["head"]
+    assert (then["runner"]["state"], then["runner"]["generation"], then["runner"]["active_lease_count"]) == (
+        "accepting", 1, 1)
+    assert [(lease["id"], lease["status"]) for lease in then["leases"]] == [("lease-0001", "active")]
+    assert (now["runner"]["state"], now["runner"]["generation"]) == ("accepting", 5)
+    assert now["leases"][0]["status"] == "settled" and now["leases"][0]["hook_receipt_digest"].startswith("sha256:")
+
+    text = run("show", path, "runner-0", "--at", str(marks["active_seq"]))
+    assert text.returncode == 0 and f"as of seq {marks['active_seq']}" in text.stdout
+    assert "lease-0001" in text.stdout and "active" in text.stdout
+
+    assert run("show", path, "runner-404").returncode == 66
+    assert run("show", path, "not a runner id!").returncode == 64
+    assert run("show", path, "--at", "-1").returncode == 64
+
+
+# --- events ------------------------------------------------------------------------------------------
+
+
+def test_events_as_json_lines_and_readable(fleet_log: FleetLog) -> None:
+    path, marks = fleet_log
+    done = run("events", path, "--json")
+    assert done.returncode == 0
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [event["seq"] for event in events] == list(range(1, marks["head"] + 1))
+    fifth = events[4]
+    assert set(fifth) == {"seq", "stream", "version", "type", "at", "event", "hash"}
+    assert fifth["hash"] == row(path, 5)[7].hex() and fifth["event"]["type"] == fifth["type"]
+    assert isinstance(fifth["event"], dict)
+
+    mine = [json.loads(line) for line in run("events", path, "--runner", "runner-2", "--after", "10",
+                                             "--json").stdout.splitlines()]
+    assert mine and all(event["stream"] == "runner-2" and event["seq"] > 10 for event in mine)
+    assert [event["version"] for event in mine] == list(range(mine[0]["version"], mine[0]["version"] + len(mine)))
+
+    text = run("events", path, "--runner", "runner-0")
+    assert text.returncode == 0 and "RunnerInitialized" in text.stdout and "lease_id=lease-0001" in text.stdout
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_follow_sees_another_process_commit_and_stops_on_a_signal(fleet_log: FleetLog, tmp_path: Path,
+                                                                   stop: signal.Signals) -> None:
+    path = copy_store(fleet_log[0], tmp_path / "followed.db", seal=False)
+    head = fleet_log[1]["head"]
+    follower = subprocess.Popen([str(CLI), "events", str(path), "--follow", "--json", "--after", str(head)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with EventStore.open(path) as store:  # this process is the other writer
+            store.append("runner-1", [LeaseSettled(lease_id="lease-from-elsewhere", lease_generation=1,
+                                                   result_digest=DIGEST)])
+        ready, _, _ = select.select([follower.stdout], [], [], 60)
+        assert ready, "the follower printed nothing within 60 s"
+        assert follower.stdout is not None
+        seen = json.loads(follower.stdout.readline())
+        assert (seen["seq"], seen["stream"], seen["event"]["lease_id"]) == (head + 1, "runner-1",
+                                                                           "lease-from-elsewhere")
+        follower.send_signal(stop)
+        assert follower.wait(timeout=60) == 0
+        assert follower.stderr is not None and "Traceback" not in follower.stderr.read()
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+
+
+# --- rebuild and seal --------------------------------------------------------------------------------
+
+
+def test_rebuild_repairs_the_caches(fleet_log: FleetLog, tmp_path: Path) -> None:
+    path = copy_store(fleet_log[0], tmp_path / "rebuilt.db")
+    attack(path, ("UPDATE runners SET state = 'draining'", ()), ("DELETE FROM snapshots", ()))
+    assert audit_json(path)[0] == 65
+    done = run("rebuild", path)
+    assert done.returncode == 0 and f"from {fleet_log[1]['head']} events: 3 runners" in done.stdout
+    code, report = audit_json(path)
+    assert code == 0 and report["read_models_checked"] == 3 and report["snapshots_checked"] == 3
+
+
+def test_seal_verifies_then_seals_the_head(fleet_log: FleetLog, keyed_log: Path, key_file: Path,
+                                           tmp_path: Path) -> None:
+    path = copy_store(fleet_log[0], tmp_path / "to-seal.db", seal=False)
+    done = run("seal", path)
+    assert done.returncode == 0 and f"at seq {fleet_log[1]['head']}" in done.stdout
+    assert os.stat(f"{path}.seal").st_mode & 0o777 == 0o600
+    assert audit_json(path)[1]["seal"]["ok"]
+
+    keyed = copy_store(keyed_log, tmp_path / "keyed.db", seal=False)
+    assert run("seal", keyed).returncode == 77
+    assert run("seal", keyed, "--key-file", key_file).returncode == 0
+    assert audit_json(keyed, "--key-file", str(key_file))[1]["seal"]["ok"]
+
+    broken = copy_store(fleet_log[0], tmp_path / "broken.db", seal=False)
+    attack(broken, ("UPDATE events SET at = '2026-01-01T00:00:00.001Z' WHERE seq = 3", ()))
+    done = run("seal", broken)
+    assert done.returncode == 65 and "seq 3" in one_error_line(done)
+    assert not os.path.exists(f"{broken}.seal")
+
+
+# --- export and import -------------------------------------------------------------------------------
+
+
+def test_export_then_import_restores_the_rows_byte_for_byte(fleet_log: FleetLog, tmp_path: Path) -> None:
+    path, marks = fleet_log
+    out = tmp_path / "fleet.jsonl"
+    done = run("export", path, out)
+    assert done.returncode == 0 and os.stat(out).st_mode & 0o777 == 0o600
+    lines = out.read_text().splitlines()
+    header = json.loads(lines[0])
+    assert header["format"] == "lifecycle-es-export" and header["events"] == marks["head"] == len(lines) - 1
+    assert set(json.loads(lines[1])) == {"seq", "stream", "version", "type", "at", "body", "prev", "hash"}
+
+    restored = tmp_path / "restored.db"
+    done = run("import", out, restored)
+    assert done.returncode == 0, done.stderr
+    rows, meta = rows_and_meta(path)
+    assert rows_and_meta(restored) == (rows, meta)  # the same store id, so the same chain
+    code, report = audit_json(restored)
+    assert code == 0 and report["events"] == marks["head"]
+
+    assert run("export", path, out).returncode == 73  # never overwritten
+    assert run("import", out, restored).returncode == 73
+    assert run("export", path, tmp_path / "no-such-dir" / "x.jsonl").returncode == 73
+
+
+def test_import_verifies_the_export_before_writing_anything(fleet_log: FleetLog, tmp_path: Path) -> None:
+    out = tmp_path / "fleet.jsonl"
+    assert run("export", fleet_log[0], out).returncode == 0
+    lines = out.read_text().splitlines()
+
+    tampered = tmp_path / "tampered.jsonl"
+    changed = json.loads(lines[7])
+    changed["body"] = changed["body"][:-2] + ("00" if changed["body"][-2:] != "00" else "01")
+    tampered.write_text("\n".join([*lines[:7], json.dumps(changed), *lines[8:]]) + "\n")
+    truncated = tmp_path / "truncated.jsonl"
+    truncated.write_text("\n".join(lines[:-1]) + "\n")
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text(lines[0] + "\n{not json\n")
+    for source, said in ((tampered, "seq 7: hash does not match"), (truncated, "truncated"), (garbage, "line 2")):
+        target = tmp_path / f"from-{source.stem}.db"
+        done = run("import", source, target)
+        assert done.returncode == 65 and said in one_error_line(done)
+        assert not os.path.exists(target)
+    assert run("import", tmp_path / "absent.jsonl", tmp_path / "x.db").returncode == 66
+
+
+def test_a_keyed_export_imports_only_with_its_key(keyed_log: Path, key_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "keyed.jsonl"
+    assert run("export", keyed_log, out).returncode == 0  # rows are copied as they are: no key needed
+    assert run("import", out, tmp_path / "without.db").returncode == 77
+    assert not os.path.exists(tmp_path / "without.db")
+    restored = tmp_path / "with.db"
+    assert run("import", out, restored, "--key-file", key_file).returncode == 0
+    assert rows_and_meta(restored) == rows_and_meta(keyed_log)
+    assert audit_json(restored, "--key-file", str(key_file))[0] == 0
