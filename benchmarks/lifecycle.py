@@ -44,16 +44,17 @@ from .suite import Context, main
 COLD_EVENTS = 10_000
 COLD_TAIL = 100
 JSON_LEASES = (10, 256, 1024)
+JSON_CHUNK = 10
 PREFLIGHT = "no-op base dir preflight on both sides"
 ES_MISSING = "eventsourcing is not installed: pip install -e '.[bench]'"
 
 
 def _scale(context: Context) -> dict[str, int]:
     if context.quick:
-        return {"rounds": 7, "commands": 150, "latency_pairs": 50, "json_ops": 40, "json_rounds": 5,
-                "cold_rounds": 7, "rebuild_rounds": 1}
-    return {"rounds": 15, "commands": 300, "latency_pairs": 150, "json_ops": 40, "json_rounds": 9,
-            "cold_rounds": 11, "rebuild_rounds": 2}
+        return {"rounds": 30, "commands": 30, "latency_rounds": 7, "latency_pairs": 50, "json_chunks": 4,
+                "json_rounds": 5, "cold_rounds": 7, "rebuild_rounds": 1}
+    return {"rounds": 60, "commands": 50, "latency_rounds": 15, "latency_pairs": 150, "json_chunks": 4,
+            "json_rounds": 9, "cold_rounds": 11, "rebuild_rounds": 2}
 
 
 def _sizes(context: Context) -> list[int]:
@@ -143,7 +144,7 @@ def _latency(context: Context, scale: dict[str, int]) -> list[Figure]:
                 return percentile(got, 50)
             return measure
 
-        p50s = alternate({str(size): one_round(size) for size in sizes}, scale["rounds"])
+        p50s = alternate({str(size): one_round(size) for size in sizes}, scale["latency_rounds"])
     finally:
         for store in stores.values():
             store.close()
@@ -164,39 +165,40 @@ def _latency(context: Context, scale: dict[str, int]) -> list[Figure]:
 
 
 def _vs_json(context: Context, scale: dict[str, int]) -> list[Figure]:
+    """Each round: both sides start from the same number of retained leases, then run short alternating
+    chunks of commands (ABBA), so both meet the same disk; the round's rate is its commands over its time."""
     path = context.path("lifecycle-vs-json.db")
     builder = EventStore.open(path, durability="normal")  # builds each round's runner; not measured
     store = EventStore.open(path)
-    ops = scale["json_ops"]
+    chunk, chunks = JSON_CHUNK, scale["json_chunks"]
     figures: list[Figure] = []
+    rates: dict[str, list[float]] = {}
     try:
         for leases in JSON_LEASES:
-            rounds = itertools.count()
-
-            def ours(leases: int = leases, rounds: itertools.count[int] = rounds) -> float:
-                runner_id = f"runner-json-{leases}-{next(rounds)}"
+            context.say(f"lifecycle: vs JSON file at {leases} leases")
+            rates = {"ours": [], "seed": []}
+            for round_ in range(scale["json_rounds"]):
+                runner_id = f"runner-json-{leases}-{round_}"
                 runners.LifecycleRunner(builder, runner_id, context.workdir).commands(2 * leases)
                 # The build's WAL is checkpointed now, not by a measured commit.
                 builder.backend.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 # Catches up with the log before the clock starts.
                 runner = runners.LifecycleRunner(store, runner_id, context.workdir)
-                quiesce()
-                return rate(lambda: runner.commands(ops))
-
-            def seed(leases: int = leases) -> float:
-                lifecycle, generation = runners.json_lifecycle(context.path(f"runner-{leases}.json"),
-                                                               context.workdir, leases)
-                quiesce()
-                return rate(lambda: runners.json_pairs(lifecycle, generation, ops // 2))
-
-            context.say(f"lifecycle: vs JSON file at {leases} leases")
-            rates = alternate({"ours": ours, "seed": seed}, scale["json_rounds"])
+                seed, generation = runners.json_lifecycle(context.path(f"runner-{leases}.json"), context.workdir,
+                                                          leases)
+                chunk_rates = alternate({
+                    "ours": lambda runner=runner: rate(lambda: runner.commands(chunk)),
+                    "seed": lambda seed=seed, generation=generation: rate(
+                        lambda: runners.json_pairs(seed, generation, chunk // 2)),
+                }, chunks)
+                for side, got in chunk_rates.items():
+                    rates[side].append(len(got) * chunk / sum(chunk / value for value in got))
             figures.append(compared(
                 f"lifecycle.vs_json.{leases}", f"commands/s vs JSON file at {leases} leases", "cmd/s",
-                rates["ours"], rates["seed"], "seed's JSON file", Target(">=", 20) if leases == 1024
-                else None, samples=rates,
-                note=f"each round starts from {leases} retained leases and runs {ops} commands; {PREFLIGHT}"
-                if leases == JSON_LEASES[0] else ""))
+                rates["ours"], rates["seed"], "seed's JSON file", Target(">=", 20) if leases == 1024 else None,
+                samples=rates,
+                note=f"each round starts from {leases} retained leases and runs {chunks} alternating chunks of "
+                     f"{chunk} commands a side; {PREFLIGHT}" if leases == JSON_LEASES[0] else ""))
     finally:
         builder.close()
         store.close()

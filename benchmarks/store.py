@@ -39,10 +39,10 @@ SMALL = 1_000
 
 def _scale(context: Context) -> dict[str, int]:
     if context.quick:
-        return {"rounds": 7, "singles": 150, "batches": 3, "batch": 1000, "latency": 100, "growth_rounds": 5,
-                "growth_verify_rounds": 5, "verify_log": 20_000, "verify_rounds": 5}
-    return {"rounds": 15, "singles": 300, "batches": 5, "batch": 1000, "latency": 300, "growth_rounds": 7,
-            "growth_verify_rounds": 3, "verify_log": 200_000, "verify_rounds": 7}
+        return {"rounds": 30, "singles": 30, "batch_rounds": 7, "batches": 3, "batch": 1000, "latency": 100,
+                "growth_rounds": 5, "growth_verify_rounds": 5, "verify_log": 20_000, "verify_rounds": 5}
+    return {"rounds": 60, "singles": 50, "batch_rounds": 15, "batches": 5, "batch": 1000, "latency": 300,
+            "growth_rounds": 7, "growth_verify_rounds": 3, "verify_log": 200_000, "verify_rounds": 7}
 
 
 def _sizes(context: Context) -> list[int]:
@@ -137,7 +137,7 @@ def _appends(context: Context, scale: dict[str, int]) -> list[Figure]:
             work = [raw.rows(batch) for _ in range(batches)]
             return rate(lambda: raw.insert_batches(work))
 
-        batched = alternate({"ours": ours_batch, "raw": raw_batch}, scale["rounds"])
+        batched = alternate({"ours": ours_batch, "raw": raw_batch}, scale["batch_rounds"])
     finally:
         store.close()
         conn.close()
