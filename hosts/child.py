@@ -152,7 +152,7 @@ class ChildUnits:
 
     # --- start --------------------------------------------------------------------------------------
 
-    def start(self, command: Sequence[str], *, run_dir: str | os.PathLike[str], token: str | bytes,
+    def start(self, command: Sequence[str], *, run_dir: str | os.PathLike[str], token: str | bytes | None,
               resources: Resources | Mapping[str, int], env: Mapping[str, str] | None = None,
               work_dir: str | os.PathLike[str] | None = None) -> UnitRecord:
         """Start `command` as a detached unit and hand it `token` on stdin; return its handle.
@@ -162,7 +162,8 @@ class ChildUnits:
         run (nothing is left running then).
         """
         argv = safe_command(command)
-        data = token_bytes(token)
+        # No token: the unit's stdin is empty (EOF at once), as for a unit restarted by a host that never held it.
+        data = token_bytes(token) if token is not None else b""
         limits = Resources.coerce(resources)
         run_path = Path(run_dir)
         cwd = Path(work_dir) if work_dir is not None else run_path / WORK_DIR

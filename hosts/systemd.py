@@ -314,7 +314,7 @@ class SystemdUnits:
         return unit_name(lease_id, prefix=self.unit_prefix, now_ms=self.now(), salt=secrets.randbelow(1296))
 
     def start(self, command: Sequence[str], *, lease_id: str, run_dir: str | os.PathLike[str],
-              token: str | bytes, resources: Resources | Mapping[str, int],
+              token: str | bytes | None, resources: Resources | Mapping[str, int],
               env: Mapping[str, str] | None = None, work_dir: str | os.PathLike[str] | None = None,
               log_file: str | os.PathLike[str] | None = None, unit: str | None = None) -> UnitRecord:
         """Start `command` as a transient service for `lease_id`, its token on stdin; return the handle.
@@ -323,7 +323,8 @@ class SystemdUnits:
         ``<run_dir>/work``. Raises InvalidInputError for a bad argument and UnitStartError when
         systemd-run fails (the half-made unit is stopped, the token file removed).
         """
-        data = token_bytes(token)
+        # No token: the unit's stdin is empty (EOF at once), as for a unit restarted by a host that never held it.
+        data = token_bytes(token) if token is not None else b""
         safe_id(lease_id, "lease_id")
         run_path = Path(run_dir)
         unit = unit if unit is not None else self.new_unit_name(lease_id)

@@ -7,6 +7,8 @@
     lifecycle-es seal FILE [--key-file K] [--no-verify]
     lifecycle-es export FILE OUT.jsonl
     lifecycle-es import IN.jsonl FILE [--key-file K]
+    lifecycle-es host FILE --runner R [--mode child|systemd]
+    lifecycle-es demo [--dir DIR]
 
 Subcommands live in modules of this package, listed in `COMMAND_MODULES`; each exposes
 ``register(subparsers)``, which adds its parsers with ``set_defaults(run=...)``. A new command group
@@ -34,7 +36,7 @@ __all__ = ["COMMAND_MODULES", "ArgumentParser", "build_parser", "main"]
 PROG = "lifecycle-es"
 
 # The registry: modules of this package that add subcommands, in the order --help lists them.
-COMMAND_MODULES: list[str] = ["audit", "show", "events", "maintenance", "transfer"]
+COMMAND_MODULES: list[str] = ["audit", "show", "events", "maintenance", "transfer", "host"]
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -1,0 +1,85 @@
+"""``lifecycle-es demo`` and ``lifecycle-es host``, driven through the real console script."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hosts.local import LocalHost
+from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
+from lifecycle_es.canonical import iso_ms
+
+CLI = str(Path(sys.executable).with_name("lifecycle-es"))
+POLITE = ("import signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nsys.stdin.read()\n"
+          "open('ready','w').close()\ntime.sleep(120)\n")
+
+
+def wait_for(predicate, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_demo_runs_the_whole_story_and_its_audit_passes(tmp_path: Path) -> None:
+    done = subprocess.run([CLI, "demo", "--dir", str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for step in ("Runner initialized", "parked lost-poll", "Proxy authority rotated", "SIGTERM (drain)",
+                 "Post-session hook checked against its sha256, authorized and run", "accepting again",
+                 "OK: the log is whole"):
+        assert step in done.stdout, step
+    assert "read models: none" not in done.stdout  # the demo keeps the read models, and the audit checks them
+    with EventStore.open(tmp_path / "run" / "runners.db", read_only=True) as store:
+        kinds = [recorded.type for recorded in store.read()]
+    assert kinds.count("UnitStarted") == 3 and "HookAuthorized" in kinds and kinds[-1] == "ReclaimCompleted"
+
+
+def test_host_serves_a_runner_until_sigterm(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    base.mkdir()
+    db = tmp_path / "runners.db"
+    now = lambda: time.time_ns() // 1_000_000  # noqa: E731
+    with EventStore.open(db) as store:
+        lifecycle = RunnerLifecycle(store, runner_id="runner-1", target="local", base_dir=str(base),
+                                    resources=Resources(cpu_seconds=30, memory_bytes=1 << 30),
+                                    post_session_hook_digest="sha256:" + "a" * 64)
+        lifecycle.initialize()
+        receipt = lifecycle.acquire_lease(session_id="s1", expected_generation=1, proxy_authority=ProxyAuthority(
+            id="p", revision=1, issued_at=iso_ms(now() - 1000), expires_at=iso_ms(now() + 600_000)))
+        first = LocalHost(lifecycle)
+        handle = first.start(receipt, command=[sys.executable, "-c", POLITE], token="t")
+        assert wait_for(lambda: (Path(handle.run_dir) / "work" / "ready").exists())
+        first.close()  # hand the run directory over: its owner lock admits one host at a time
+        server = subprocess.Popen([CLI, "host", str(db), "--runner", "runner-1", "--tick", "0.2"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None
+            assert "serving runner-1" in server.stdout.readline()
+            lifecycle.request_drain(expected_generation=1, timeout_ms=60_000)
+            # The served host SIGTERMs the unit; it is this test's child, so it lingers as a zombie, which
+            # the host counts as gone: the lease parks lost-poll and the runner parks with it.
+            assert wait_for(lambda: lifecycle.snapshot().state == "parked")
+            kinds = [recorded.type for recorded in store.read()]
+            assert "UnitSignalled" in kinds and kinds[-1] == "RunnerParked"
+        finally:
+            server.send_signal(signal.SIGTERM)
+            out, err = server.communicate(timeout=30)
+            os.waitpid(handle.pid, os.WNOHANG) if handle.pid else None
+    assert server.returncode == 0, err
+    assert "signalled" in out and out.rstrip().endswith("lifecycle-es host: stopped")
+
+
+def test_host_refuses_a_runner_the_log_does_not_have(tmp_path: Path) -> None:
+    with EventStore.open(tmp_path / "runners.db"):
+        pass
+    done = subprocess.run([CLI, "host", str(tmp_path / "runners.db"), "--runner", "nobody"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 64
+    assert "runner 'nobody' has no events" in done.stderr and "Traceback" not in done.stderr
