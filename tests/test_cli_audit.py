@@ -188,6 +188,13 @@ def test_a_keyed_store_needs_its_key_and_never_shows_it(keyed_log: Path, tmp_pat
 def test_worker_processes_verify_the_chain_and_meet_at_the_range_boundary(long_log: Path, tmp_path: Path) -> None:
     code, report = audit_json(long_log, "--jobs", "2")
     assert code == 0 and report["jobs"] == 2 and report["events"] == LONG_EVENTS
+    # Each worker replays a share of the runners; together they saw every snapshot and read-model row.
+    conn = apsw.Connection(str(long_log), flags=apsw.SQLITE_OPEN_READONLY)
+    ((snapshots,),) = conn.execute("SELECT count(*) FROM snapshots").fetchall()
+    conn.close()
+    assert report["snapshots_checked"] == snapshots >= 3  # taken at 40% of the log
+    assert report["read_models_checked"] == report["runners"] == 10
+    assert report["leases"]["settled"] > 0 and report["states"]["accepting"] == 10
 
     # The last row of the first range gets a new hash: its worker finds the hash wrong, the next
     # worker finds the next row's prev no longer links; the first bad seq is the boundary row.
@@ -212,6 +219,18 @@ def test_worker_processes_verify_the_chain_and_meet_at_the_range_boundary(long_l
     assert code == 65 and report["first_bad_seq"] == seq and "hash does not match" in report["reason"]
     code, report = audit_json(flipped, "--jobs", "1")
     assert code == 65 and report["jobs"] == 1 and report["first_bad_seq"] == seq
+
+
+def test_worker_processes_replay_the_rules_too(long_log: Path, tmp_path: Path) -> None:
+    path = copy_store(long_log, tmp_path / "illegal.db")
+    with EventStore.open(path) as store:
+        bad = store.append("runner-3", [LeaseSettled(lease_id="lease-3-0", lease_generation=1,
+                                                     result_digest=DIGEST)])  # settled long ago
+        store.seal()
+    code, report = audit_json(path, "--jobs", "3")
+    assert code == 65 and report["jobs"] == 2  # three asked, two ranges of at least 10,000 events
+    assert (report["first_bad_seq"], report["stream"]) == (bad[0].seq, "runner-3")
+    assert "LeaseSettled breaks the rules" in report["reason"]
 
 
 def test_usage_errors_exit_64_and_missing_files_66(fleet_log: FleetLog, tmp_path: Path) -> None:

@@ -22,9 +22,9 @@ from conftest import FakeClock
 
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle, chain
 from lifecycle_es.canonical import iso_ms
-from lifecycle_es.cli.chain_ranges import MIN_RANGE_EVENTS
+from lifecycle_es.cli.jobs import MIN_RANGE_EVENTS
 from lifecycle_es.events import RUNNER_SCHEMA, LeaseAcquired, LeaseSettled, RunnerInitialized
-from projections import attach, replay
+from projections import attach, rebuild, replay
 
 CLI = shutil.which("lifecycle-es", path=os.path.dirname(sys.executable))
 DIGEST = "sha256:" + "ab" * 32
@@ -115,29 +115,42 @@ def build_fleet(path: Path, *, key: bytes | None = None) -> dict[str, int]:
 
 
 def build_long(path: Path, events: int = LONG_EVENTS) -> None:
-    """`events` valid events of 10 runners (acquire/settle pairs), appended 1000 at a time."""
+    """`events` valid events of 10 runners (acquire/settle pairs), appended up to 1000 at a time.
+
+    The caches lag the log the way they do in life: snapshots and read models rebuilt at 40% of it,
+    read models attached until the last batch, which a process without them appended.
+    """
     at = "2026-01-01T00:00:00.000Z"
     proxy = ProxyAuthority(id="proxy-1", revision=1, issued_at=at, expires_at="2026-01-01T01:00:00.000Z")
     per_runner = -(-events // 10)
+    appends: list[tuple[str, list[Any]]] = []
     written = 0
+    for n in range(10):
+        runner = f"runner-{n}"
+        batch: list[Any] = [RunnerInitialized(
+            schema=RUNNER_SCHEMA, runner_id=runner, target="local", base_dir=f"/srv/{runner}",
+            resources=Resources(cpu_seconds=600, memory_bytes=1 << 30), post_session_hook_digest=HOOK)]
+        lease = 0
+        while len(batch) < min(per_runner, events - written):
+            lease_id = f"lease-{n}-{lease}"
+            batch.append(LeaseAcquired(lease_id=lease_id, session_id=f"s-{lease}", lease_generation=1, issued_at=at,
+                                       expires_at="2026-01-01T00:10:00.000Z", proxy_authority=proxy))
+            batch.append(LeaseSettled(lease_id=lease_id, lease_generation=1, result_digest=DIGEST))
+            lease += 1
+        batch = batch[:min(per_runner, events - written)]
+        appends += [(runner, batch[start:start + 1000]) for start in range(0, len(batch), 1000)]
+        written += len(batch)
+    tail = appends.pop()  # the last batch: appended by a process without the read models
+    rebuilt = False
     with EventStore.open(path, durability="normal") as store:
-        for n in range(10):
-            runner = f"runner-{n}"
-            batch: list[Any] = [RunnerInitialized(
-                schema=RUNNER_SCHEMA, runner_id=runner, target="local", base_dir=f"/srv/{runner}",
-                resources=Resources(cpu_seconds=600, memory_bytes=1 << 30), post_session_hook_digest=HOOK)]
-            lease = 0
-            while len(batch) < per_runner and written + len(batch) < events:
-                lease_id = f"lease-{n}-{lease}"
-                batch.append(LeaseAcquired(lease_id=lease_id, session_id=f"s-{lease}", lease_generation=1,
-                                           issued_at=at, expires_at="2026-01-01T00:10:00.000Z",
-                                           proxy_authority=proxy))
-                batch.append(LeaseSettled(lease_id=lease_id, lease_generation=1, result_digest=DIGEST))
-                lease += 1
-            batch = batch[:min(per_runner, events - written)]
-            for start in range(0, len(batch), 1000):
-                store.append(runner, batch[start:start + 1000], at=at)
-            written += len(batch)
+        for runner, chunk in appends:
+            store.append(runner, chunk, at=at)
+            if not rebuilt and store.head().seq >= 0.4 * events:
+                rebuild(store)
+                attach(store)
+                rebuilt = True
+    with EventStore.open(path, durability="normal") as store:
+        store.append(tail[0], tail[1], at=at)
 
 
 def copy_store(source: Path, target: Path, *, seal: bool = True) -> Path:

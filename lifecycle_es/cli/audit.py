@@ -2,7 +2,7 @@
 
     lifecycle-es audit runners.db                       chain, rules, snapshots, read models, seal
     lifecycle-es audit runners.db --key-file store.key  a keyed store: MACs need the key
-    lifecycle-es audit runners.db --json --jobs 4       one JSON object; chain checked by 4 processes
+    lifecycle-es audit runners.db --json --jobs 4       one JSON object; 4 processes share the work
 
 Exit 0 when the log is whole, 65 when it is not (and for a file that is not a lifecycle-es store),
 66 for a missing file, 77 for a keyed store without its key; see ``exits.py``.
@@ -43,8 +43,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--key-file", metavar="K", help="the store key: 32 raw bytes or 64 hex characters")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, metavar="N",
-                        help="processes verifying the chain while the main one replays (default: %(default)s; "
-                             "a short log is verified inline)")
+                        help="worker processes, each checking a seq range of the chain and replaying a share of "
+                             "the runners (default: %(default)s, the CPUs; a log under 10,000 events a worker "
+                             "is audited in this process)")
     parser.set_defaults(run=run)
 
 
@@ -88,7 +89,7 @@ def summary(report: Any) -> str:
         ("leases", f"{sum(report.leases.values()):,} retained" + (f" ({leases})" if leases else "")),
         ("head", f"seq {report.head_seq:,}" + (f"  hash {report.head_hash}" if report.head_hash else "")),
         ("chain", ("keyed (blake3 MAC)" if report.keyed else "unkeyed (blake3)")
-         + (f", verified by {report.jobs} worker processes" if report.jobs > 1 else ", verified inline")),
+         + (f"; {report.jobs} worker processes shared the work" if report.jobs > 1 else "; one process")),
         ("snapshots", f"{report.snapshots_checked:,} checked" if report.caches_checked else "not checked"),
         ("read models", "not checked" if not report.caches_checked else "none"
          if report.read_models_checked is None else f"{report.read_models_checked:,} runners checked"),

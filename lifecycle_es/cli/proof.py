@@ -1,47 +1,40 @@
-"""The audit: one streaming pass over a log that proves it whole, or names its first bad seq.
+"""The audit: a streaming pass over a log that proves it whole, or names its first bad seq.
 
 What it proves, in one read transaction (one consistent view of the file):
 
 - the chain: seqs contiguous from 1 (and no row outside them), every ``prev`` link, every hash (a
-  MAC in keyed mode), inline or by worker processes over seq ranges (``chain_ranges.py``);
-- the rules: every event replayed through ``lifecycle_es.replay.fold`` per stream, versions
+  MAC in keyed mode);
+- the rules: every event replayed through ``lifecycle_es.replay.fold_row`` per stream, versions
   contiguous, a stream's first event naming its own runner, and no stream left with a park pending
   (the RunnerParked that must follow in the same transaction is missing);
 - the caches: each snapshot equals the replayed state at its seq (``SnapshotCheck``), and the read
   models equal the replay as of the seq they record (``check_read_models``);
 - the seal: the log still holds the sealed hash at the sealed seq.
 
-Memory is one state per runner (bounded by the retention rules), never the log: rows are read in
-pages and each event is dropped once folded.
+The pass (``walk.py``) runs in this process (``--jobs 1``) or in worker processes that each check a
+seq range of the chain and replay a share of the runners (``jobs.py``); this module merges what they
+found and checks the caches and the seal. Memory is one state per runner (bounded by the retention
+rules), never the log: rows are read in pages and each event is dropped once folded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-from lifecycle_es import chain
-from lifecycle_es.errors import IntegrityError, LifecycleError, StoreBehindSealError
-from lifecycle_es.replay import fold_row
-from lifecycle_es.runner import LEASE_STATUSES, STATES, RunnerState
+from lifecycle_es.errors import LifecycleError, StoreBehindSealError
+from lifecycle_es.runner import LEASE_STATUSES, STATES
 from lifecycle_es.sqlite import translated
-from lifecycle_es.store import PAGE, EventStore, RecordedEvent
+from lifecycle_es.store import EventStore, RecordedEvent
 from projections import SnapshotCheck, check_read_models, read_model_position
 
 from .access import missing_triggers
-from .chain_ranges import ChainJobs, split
 from .exits import one_line
+from .jobs import Jobs, split
 from .render import Progress
+from .walk import Problem, Streams, Walked, walk
 
 MAX_PROBLEMS = 100
-
-
-class Problem(NamedTuple):
-    """One thing found wrong: the seq it is tied to (None when none is), the stream, and why."""
-
-    seq: int | None
-    stream: str | None
-    reason: str
 
 
 @dataclass
@@ -97,14 +90,9 @@ class AuditReport:
         }
 
 
-# Per stream, as the replay goes: (state, version, seq of its last event). The read-model check takes
-# this shape, as of the seq the read models record.
-Streams = dict[str, tuple[RunnerState, int, int]]
-
-
 def audit(store: EventStore, *, key: bytes | None, jobs: int, seal_path: str | None,
           progress: bool = True) -> AuditReport:
-    """Audit the open `store` (read-only is enough); `jobs` > 1 verifies the chain in worker processes."""
+    """Audit the open `store` (read-only is enough); `jobs` > 1 walks the log in that many worker processes."""
     report = AuditReport(path=store.path, keyed=store.keyed)
     report.warnings += [f"append-only trigger {name} is missing: the file was edited outside lifecycle-es"
                         for name in missing_triggers(store)]
@@ -112,25 +100,32 @@ def audit(store: EventStore, *, key: bytes | None, jobs: int, seal_path: str | N
         head = store.head()
         report.head_seq = head.seq
         report.head_hash = head.hash.hex() if head.seq else None
-        with translated("count events"):
+        with translated("look for events outside the chain"):
             ((lowest,),) = store.backend.execute("SELECT min(seq) FROM events")
         if lowest is not None and lowest < 1:
-            # read() walks seq 1, 2, ...: a row at seq <= 0 lies outside every walk and every hash.
+            # A walk reads seq 1, 2, ...: a row at seq <= 0 lies outside every walk and every hash.
             report.add(lowest, None, f"an event lies outside the chain, at seq {lowest}")
             return report
         snapshots = SnapshotCheck(store)
         position = read_model_position(store)
+        with translated("list snapshots"):
+            # Only the events a snapshot was taken at need their state handed back for the snapshot check.
+            snapshot_seqs = {row[0] for row in store.backend.execute("SELECT seq FROM snapshots")}
         ranges = split(head.seq, jobs) if jobs > 1 else []
         report.jobs = len(ranges) if len(ranges) > 1 else 1
-        if report.jobs > 1:
-            with ChainJobs(store.path, key, ranges) as workers:
-                streams, captured = _replay(store, report, head.seq, False, None, position, snapshots, progress)
-                for result in workers.results():
-                    if result.bad_seq is not None:
-                        report.add(result.bad_seq, result.stream, result.reason or "chain broken")
-        else:
-            streams, captured = _replay(store, report, head.seq, True, key, position, snapshots, progress)
-        _summarize(report, streams)
+        bar = Progress("audit", head.seq) if progress else None
+        try:
+            if report.jobs > 1:
+                with Jobs(store.path, key, head.seq, ranges, position, snapshot_seqs) as workers:
+                    walks = workers.results(bar)
+            else:
+                walks = [walk(store.backend, store.store_id, key, head=head.seq, chain_range=(1, head.seq),
+                              share=None, position=position, snapshot_seqs=snapshot_seqs,
+                              progress=bar.update if bar is not None else None)]
+        finally:
+            if bar is not None:
+                bar.close()
+        streams, captured = _merge(report, walks, snapshots)
         if report.problems:
             return report  # what follows compares against a replay that did not finish
         for stream, (state, _, seq) in streams.items():
@@ -143,69 +138,24 @@ def audit(store: EventStore, *, key: bytes | None, jobs: int, seal_path: str | N
     return report
 
 
-def _replay(store: EventStore, report: AuditReport, head: int, verify: bool, key: bytes | None,
-            position: int | None, snapshots: SnapshotCheck, show: bool) -> tuple[Streams, Streams | None]:
-    """Fold every event up to `head`, checking the chain too when `verify` (no workers do it).
-
-    Returns the streams at the end, and as of `position` (the read models' seq) when there is one.
-    """
+def _merge(report: AuditReport, walks: list[Walked], snapshots: SnapshotCheck) -> tuple[Streams, Streams | None]:
+    """Fold the walks' findings into the report; the runners at the end and as of the read models' seq."""
     streams: Streams = {}
-    captured: Streams | None = {} if position == 0 else None
-    prev = chain.genesis(store.store_id, key) if verify else b""
-    link, observe, rows_after = chain.link, snapshots.observe, store.backend.rows
-    with translated("list snapshots"):
-        # Only the events a snapshot was taken at need a RecordedEvent for the snapshot check.
-        snapshot_seqs = {row[0] for row in store.backend.execute("SELECT seq FROM snapshots")}
-    bar = Progress("audit", head) if show else None
-    expected = 1
-    try:
-        while expected <= head:
-            # Text that is not UTF-8 comes back as the IntegrityError of its row (the backend's doing).
-            rows = rows_after(after=expected - 1, stream=None, limit=min(PAGE, head - expected + 1))
-            if not rows:
-                raise IntegrityError(expected, f"seq {expected} is missing (a gap or a truncation)")
-            for row in rows:
-                seq, stream, version, type_, at, body, row_prev, digest = row
-                if seq != expected:
-                    raise IntegrityError(expected, f"seq {seq} found where {expected} was due (a gap or a reorder)",
-                                         stream=stream)
-                entry = streams.get(stream)
-                state, last_version = (entry[0], entry[1]) if entry is not None else (None, 0)
-                if version != last_version + 1:
-                    raise IntegrityError(seq, f"version {version} where {last_version + 1} was due", stream=stream)
-                if verify:
-                    if row_prev != prev:
-                        raise IntegrityError(seq, "prev does not link to the hash of the event before it",
-                                             stream=stream)
-                    if link(prev, seq, stream, version, type_, at, body, key) != digest:
-                        raise IntegrityError(seq, "hash does not match the event's contents", stream=stream)
-                    prev = digest
-                try:
-                    state = fold_row(state, seq, stream, type_, at, body)
-                except IntegrityError:
-                    raise
-                except Exception as exc:  # a hostile body the rules did not foresee must not escape as a crash
-                    raise IntegrityError(seq, f"{type_} could not be replayed: {type(exc).__name__}: {exc}",
-                                         stream=stream) from None
-                if entry is None and state.runner_id != stream:
-                    raise IntegrityError(seq, f"the stream's first event names runner {state.runner_id!r}",
-                                         stream=stream)
-                streams[stream] = (state, version, seq)
-                if seq in snapshot_seqs:
-                    observe(RecordedEvent(seq, stream, version, type_, at, body, row_prev, digest), state)
-                if seq == position:
-                    captured = dict(streams)
-                expected += 1
-            if bar is not None:
-                bar.update(expected - 1)
-    except IntegrityError as exc:
-        report.add(exc.seq, exc.stream, exc.reason)
-    except LifecycleError as exc:  # a store error mid-read: tie it to the row being read
-        report.add(expected, None, f"the row could not be read: {exc}")
-    finally:
-        if bar is not None:
-            bar.close()
-    report.events = expected - 1
+    captured: Streams | None = None
+    seen: set[Problem] = set()
+    for walked in walks:
+        if walked.problem is not None and walked.problem not in seen:  # a gap is every walker's to find
+            seen.add(walked.problem)
+            report.add(*walked.problem)
+        streams.update(walked.streams)
+        if walked.captured is not None:
+            captured = {**(captured or {}), **walked.captured}
+        for row, state in walked.at_snapshots:
+            snapshots.observe(RecordedEvent(*row), state)
+    first = report.first
+    report.events = first.seq - 1 if first is not None and first.seq is not None else min(
+        walked.rows for walked in walks)
+    _summarize(report, streams)
     return streams, captured
 
 
