@@ -6,6 +6,7 @@ reason it reports (``--json``), against what was done to the file.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -29,6 +30,7 @@ from test_cli_logs import (
 )
 
 from lifecycle_es import EventStore, ProxyAuthority
+from lifecycle_es.cli.render import PROGRESS_MIN_TOTAL, Progress
 from lifecycle_es.events import DrainRequested, LeaseAcquired, LeaseSettled
 
 FleetLog = tuple[Path, dict[str, int]]
@@ -253,3 +255,21 @@ def test_an_unwritable_output_is_an_io_error_74(fleet_log: FleetLog) -> None:
         done = subprocess.run([str(CLI), "events", str(fleet_log[0])], stdout=full, stderr=subprocess.PIPE,
                               text=True, timeout=60, check=False)
     assert done.returncode == 74 and "No space left" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_progress_bar_draws_on_a_terminal_only() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    drawn, piped = Terminal(), io.StringIO()
+    for stream in (drawn, piped):
+        bar = Progress("audit", PROGRESS_MIN_TOTAL, stream=stream)
+        bar.update(PROGRESS_MIN_TOTAL // 2)
+        bar.update(PROGRESS_MIN_TOTAL)
+        bar.close()
+    assert "\raudit [" in drawn.getvalue() and f"{PROGRESS_MIN_TOTAL:,}/{PROGRESS_MIN_TOTAL:,}" in drawn.getvalue()
+    assert piped.getvalue() == ""
+    short = Terminal()
+    Progress("audit", PROGRESS_MIN_TOTAL - 1, stream=short).update(10)
+    assert short.getvalue() == ""  # a short log is over before a bar would help
