@@ -292,6 +292,10 @@ class SqliteBackend:
                     conn.executemany(f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
                     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                     conn.execute("COMMIT")
+                    # Born in WAL mode (the header keeps it; closing folds the -wal back in): openers never
+                    # convert it, and a journal-mode change is the one lock SQLite may refuse at once,
+                    # without waiting, when several processes open a new store together.
+                    set_journal_mode_wal(conn)
                 finally:
                     conn.close()
             fd = os.open(temp, os.O_RDONLY)
