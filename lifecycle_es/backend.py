@@ -43,6 +43,10 @@ class Backend(Protocol):
         """The last version of a stream, by index."""
         ...
 
+    def tail(self, stream: str) -> tuple[int, int, bytes | None]:
+        """(stream version, head seq, head hash or None for an empty log), read together by index."""
+        ...
+
     def insert(self, rows: Sequence[Row]) -> None:
         """Insert rows inside the current write transaction."""
         ...

@@ -66,7 +66,7 @@ from .runner import (
     check_min_revision,
     hook_receipt_material,
 )
-from .store import EventStore, RecordedEvent
+from .store import EventStore, RecordedEvent, _WriteTransaction
 from .values import ProxyAuthority, Resources, safe_digest, safe_id, safe_int, safe_target
 
 DEFAULT_TTL_MS = 10 * 60 * 1000
@@ -145,12 +145,17 @@ class RunnerLifecycle:
         """The lifecycle's clock now, in epoch milliseconds (checked: an int in range)."""
         return self._clock()
 
-    def _catch_up(self) -> Folded:
-        """The runner's state as of the log's current end (reads only the events this handle has not seen)."""
+    def _catch_up(self, tx: _WriteTransaction | None = None) -> Folded:
+        """The runner's state as of the log's current end (reads only the events this handle has not seen).
+
+        Inside a write transaction `tx` the stream's version is read through it, under the lock, and
+        the append that follows reuses that read instead of making it again.
+        """
         folded = self._folded
         if folded.state is None:
             folded = load(self.store, self.runner_id)
-        elif self.store.stream_version(self.runner_id) != folded.version:
+        elif (tx.stream_version(self.runner_id) if tx is not None
+              else self.store.stream_version(self.runner_id)) != folded.version:
             folded = load(self.store, self.runner_id, base=folded)
         self._folded = folded
         return folded
@@ -177,7 +182,7 @@ class RunnerLifecycle:
                 ) -> tuple[RunnerState, list[RecordedEvent]]:
         """Decide under the write lock against the current state, apply through the rules, append."""
         with self.store.transaction(action) as tx:
-            current = self._catch_up()
+            current = self._catch_up(tx)
             if current.state is None:
                 raise UnknownRunnerError(f"runner {self.runner_id} is not initialized")
             self._check_identity(current.state)
@@ -223,7 +228,7 @@ class RunnerLifecycle:
         LifecycleError ("identity drifted").
         """
         with self.store.transaction("initialize") as tx:
-            current = self._catch_up()
+            current = self._catch_up(tx)
             if current.state is None:
                 at = iso_ms(self._clock())
                 event = RunnerInitialized(schema=RUNNER_SCHEMA, runner_id=self.runner_id, target=self.target,

@@ -68,27 +68,42 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 }
 
 
-@contextlib.contextmanager
-def translated(action: str) -> Iterator[None]:
-    """Translate apsw errors raised inside into StoreError kinds (the only place that does)."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except apsw.BusyError as exc:
-        raise StoreBusyError(f"{action}: the store is locked by another writer (busy timeout passed)") from exc
-    except apsw.FullError as exc:
-        raise StoreFullError(f"{action}: the disk is full") from exc
-    except (apsw.NotADBError, apsw.CorruptError) as exc:
-        raise StoreFormatError(f"{action}: the file is not a valid SQLite database ({exc})") from exc
-    except apsw.ReadOnlyError as exc:
-        raise StoreIOError(f"{action}: the store is read-only ({exc})") from exc
-    except (apsw.IOError, apsw.CantOpenError, apsw.PermissionsError) as exc:
-        raise StoreIOError(f"{action}: {exc}") from exc
-    except apsw.ConstraintError as exc:
-        raise StoreError(f"{action}: constraint refused the write ({exc})") from exc
-    except apsw.Error as exc:
-        raise StoreError(f"{action}: {exc}") from exc
+def translation(action: str, exc: apsw.Error) -> StoreError:
+    """The StoreError kind of an apsw error, most specific first (the only place that maps them)."""
+    if isinstance(exc, apsw.BusyError):
+        return StoreBusyError(f"{action}: the store is locked by another writer (busy timeout passed)")
+    if isinstance(exc, apsw.FullError):
+        return StoreFullError(f"{action}: the disk is full")
+    if isinstance(exc, apsw.NotADBError | apsw.CorruptError):
+        return StoreFormatError(f"{action}: the file is not a valid SQLite database ({exc})")
+    if isinstance(exc, apsw.ReadOnlyError):
+        return StoreIOError(f"{action}: the store is read-only ({exc})")
+    if isinstance(exc, apsw.IOError | apsw.CantOpenError | apsw.PermissionsError):
+        return StoreIOError(f"{action}: {exc}")
+    if isinstance(exc, apsw.ConstraintError):
+        return StoreError(f"{action}: constraint refused the write ({exc})")
+    return StoreError(f"{action}: {exc}")
+
+
+class translated:  # lower case: it reads as the function it replaced, ``with translated(action):``
+    """Translate apsw errors raised inside into StoreError kinds; anything else passes unchanged.
+
+    A class, not a ``@contextmanager`` generator: an append enters several of these, and a generator
+    costs a few microseconds each to make, enter and leave.
+    """
+
+    __slots__ = ("action",)
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, apsw.Error):
+            raise translation(self.action, exc) from exc
+        return False
 
 
 def check_path(path: str) -> bool:
@@ -111,6 +126,13 @@ def check_path(path: str) -> bool:
     if info.st_size == 0:
         raise StoreFormatError(f"store file {path!r} is empty: not a lifecycle-es store")
     return True
+
+
+_STREAM_VERSION = "SELECT version FROM events WHERE stream = ? ORDER BY version DESC LIMIT 1"
+# No row when the log is empty; otherwise the head's seq and hash, and the stream's version (NULL when
+# the stream has no events yet).
+_TAIL = ("SELECT (SELECT version FROM events WHERE stream = ?1 ORDER BY version DESC LIMIT 1), seq, hash"
+         " FROM events ORDER BY seq DESC LIMIT 1")
 
 
 # --- the pragma profile: each setting a small named function, read back after it is set -------------
@@ -200,6 +222,9 @@ class SqliteBackend:
         self.path = path
         self.read_only = read_only
         self.immutable = False
+        # Whether a write transaction of ours is open, and the tail read inside it (see `tail`).
+        self._writing = False
+        self._tail: tuple[str, int, tuple[int, int, bytes | None]] | None = None
         exists = check_path(path)
         if not exists:
             if read_only:
@@ -362,27 +387,9 @@ class SqliteBackend:
 
     # --- transactions -------------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def write(self, action: str) -> Iterator[apsw.Connection]:
+    def write(self, action: str) -> _WriteTransaction:
         """A write transaction that begins IMMEDIATE (the lock is had before anything is read)."""
-        with translated(action):
-            self.conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.conn
-            except BaseException:
-                if not self.conn.getautocommit():
-                    self.conn.execute("ROLLBACK")
-                raise
-            try:
-                self.conn.execute("COMMIT")
-            except apsw.IOError as exc:
-                if not self.conn.getautocommit():
-                    with contextlib.suppress(apsw.Error):
-                        self.conn.execute("ROLLBACK")
-                if exc.extendedresult in SYNC_FAILURES:
-                    raise StoreIOError(f"{action}: the commit's fsync failed ({exc}): whether it reached the disk "
-                                       "is unknown", outcome_unknown=True) from exc
-                raise
+        return _WriteTransaction(self, action)
 
     @contextlib.contextmanager
     def read_tx(self, action: str) -> Iterator[apsw.Connection]:
@@ -436,9 +443,33 @@ class SqliteBackend:
 
     def stream_version(self, stream: str) -> int:
         """The last version of a stream (0 when it has none). An index lookup."""
+        # ORDER BY ... LIMIT 1 seeks the (stream, version) index; max(version) with a WHERE scans every
+        # entry of the stream, so an append would cost more the longer its stream grew.
         with translated("read stream version"):
-            rows = self.conn.execute("SELECT max(version) FROM events WHERE stream = ?", (stream,)).fetchall()
-        return rows[0][0] or 0
+            rows = self.conn.execute(_STREAM_VERSION, (stream,)).fetchall()
+        return rows[0][0] if rows else 0
+
+    def tail(self, stream: str) -> tuple[int, int, bytes | None]:
+        """(stream version, head seq, head hash) in one statement: what an append reads under the lock.
+
+        Inside a write transaction the answer is kept until anything is written: a command reads the
+        tail to decide and then appends, and the append reads it again from here, not from the file.
+        No other connection can write while the lock is held, and any write of this one (an insert, a
+        read model's row, a snapshot) moves `total_changes`, which drops what was kept.
+        """
+        kept = self._tail
+        if kept is not None and kept[0] == stream and kept[1] == self.conn.total_changes():
+            return kept[2]
+        with translated("read stream version and head"):
+            rows = self.conn.execute(_TAIL, (stream,)).fetchall()
+        if rows:
+            version, seq, digest = rows[0]
+            found = (version or 0, seq, digest)
+        else:
+            found = (0, 0, None)
+        if self._writing:
+            self._tail = (stream, self.conn.total_changes(), found)
+        return found
 
     def insert(self, rows: Sequence[Row]) -> None:
         """Insert event rows (inside a write transaction)."""
@@ -515,6 +546,56 @@ class SqliteBackend:
         except StoreFencedError:
             return True
 
+
+class _WriteTransaction:
+    """`SqliteBackend.write`: BEGIN IMMEDIATE, then COMMIT, or ROLLBACK when the block raised.
+
+    A class rather than a generator for the same reason as `translated`. A failed fsync at COMMIT
+    leaves the commit's outcome unknown: that is a StoreIOError with ``outcome_unknown`` set.
+    """
+
+    __slots__ = ("action", "backend", "conn")
+
+    def __init__(self, backend: SqliteBackend, action: str) -> None:
+        self.backend = backend
+        self.conn = backend.conn
+        self.action = action
+
+    def __enter__(self) -> apsw.Connection:
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except apsw.Error as exc:
+            raise translation(self.action, exc) from exc
+        self.backend._tail = None
+        self.backend._writing = True
+        return self.conn
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        conn = self.conn
+        self.backend._writing = False
+        self.backend._tail = None
+        if exc is not None:
+            try:
+                if not conn.getautocommit():
+                    conn.execute("ROLLBACK")
+            except apsw.Error as error:
+                raise translation(self.action, error) from error
+            if isinstance(exc, apsw.Error):
+                raise translation(self.action, exc) from exc
+            return False
+        try:
+            conn.execute("COMMIT")
+        except apsw.IOError as error:
+            if not conn.getautocommit():
+                with contextlib.suppress(apsw.Error):
+                    conn.execute("ROLLBACK")
+            if error.extendedresult in SYNC_FAILURES:
+                raise StoreIOError(f"{self.action}: the commit's fsync failed ({error}): whether it reached the "
+                                   "disk is unknown", outcome_unknown=True) from error
+            raise translation(self.action, error) from error
+        except apsw.Error as error:
+            raise translation(self.action, error) from error
+        return False
 
 def create_store(path: str, *, store_id: bytes, key_id: str | None, rows: Iterable[Row]) -> None:
     """Create a new store file at `path` that holds `rows` exactly, under the given store id and key id.

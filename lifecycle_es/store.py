@@ -314,10 +314,10 @@ class EventStore:
         # `at` is hashed as stored, so it is held to the one canonical spelling (UTC, milliseconds, Z).
         at = timestamp(at, "at") if at is not None else iso_ms(safe_int(self._now(), "now", 0, MAX_EPOCH_MS))
         backend = self._backend
-        version = backend.stream_version(stream)
+        # One statement under the lock for both (answered without one when the command just read them).
+        version, seq, prev = backend.tail(stream)
         if expected_version is not None and expected_version != version:
             raise ConcurrencyError(stream, expected_version, version)
-        seq, prev, _ = backend.head()
         prev = prev if prev is not None else self._genesis
         rows: list[Row] = []
         for (type_, body) in bodies:
@@ -545,8 +545,9 @@ class _WriteTransaction:
         return self._store
 
     def stream_version(self, stream: str) -> int:
-        """The stream's version as of this transaction."""
-        return self._store._backend.stream_version(stream)
+        """The stream's version as of this transaction (read under the lock)."""
+        # The tail, not the version alone: an append that follows in this transaction reuses the read.
+        return self._store._backend.tail(stream)[0]
 
     def read_stream(self, stream: str, *, after_version: int = 0) -> Iterable[RecordedEvent]:
         """The stream's events after a version, as of this transaction."""

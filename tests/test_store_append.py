@@ -152,6 +152,27 @@ def test_transaction_commits_several_appends_together_or_none(started: EventStor
     assert started.verify().events == 5
 
 
+def test_a_tail_read_in_a_transaction_is_reused_only_while_nothing_was_written(started: EventStore) -> None:
+    # A command reads the stream's version under the lock and its append reuses that read; anything
+    # written in between (here a row put in by hand) must make the append read the tail afresh.
+    with started.transaction() as tx:
+        assert tx.stream_version("runner-1") == 2
+        head = started.head()
+        forged = (head.seq + 1, "runner-1", 3, "ReclaimCompleted", "2026-01-01T00:00:00.000Z",
+                  b'{"generation":3,"type":"ReclaimCompleted"}', head.hash, bytes(32))
+        started.backend.insert([forged])
+        with pytest.raises(ConcurrencyError):
+            tx.append("runner-1", [ReclaimCompleted(generation=3)], expected_version=2)
+        (recorded,) = tx.append("runner-1", [ReclaimCompleted(generation=4)], expected_version=3)
+        assert (recorded.seq, recorded.version, recorded.prev) == (head.seq + 2, 4, bytes(32))
+        assert tx.stream_version("runner-1") == 4
+        assert tx.stream_version("runner-2") == 1
+    with started.transaction() as tx:
+        assert tx.stream_version("runner-1") == 4
+        (recorded,) = tx.append("runner-1", [ReclaimCompleted(generation=5)], expected_version=4)
+        assert recorded.seq == head.seq + 3
+
+
 def test_body_tag_differing_from_type_column_is_an_integrity_error(store: EventStore) -> None:
     (recorded,) = store.append("runner-1", [EVENT])
     forged = RecordedEvent(*recorded.row()[:3], "RunnerParked", *recorded.row()[4:])
