@@ -45,6 +45,37 @@ def _refuse_floats(value: Any) -> None:
             _refuse_floats(item)
 
 
+# The types whose values are never floats, nor hold one: what `struct_bytes` lets by without a look.
+PLAIN_TYPES: frozenset[type] = frozenset({str, int, bool, type(None)})
+
+
+def struct_bytes(value: msgspec.Struct, float_free: frozenset[type] = PLAIN_TYPES) -> bytes:
+    """``canonical_bytes(msgspec.to_builtins(value))``, byte for byte, without building the builtins.
+
+    The sorted encoder writes a Struct's fields in the same order as the dict `to_builtins` makes of
+    it, so only the float refusal needs the fields. A Struct does not check its field types when it is
+    built, so they are looked at here: one pass over the field values' types, in C, where every type
+    is in `float_free` (plain values, and Struct types the caller knows refuse floats when they are
+    built); a field of any other type is looked into as `canonical_bytes` would.
+    """
+    _refuse_floats_in(msgspec.structs.astuple(value), float_free)
+    return _ENCODER.encode(value)
+
+
+def _refuse_floats_in(values: tuple[Any, ...], float_free: frozenset[type]) -> None:
+    if set(map(type, values)) <= float_free:
+        return
+    for value in values:
+        if type(value) in float_free:
+            continue
+        if isinstance(value, msgspec.Struct):
+            _refuse_floats_in(msgspec.structs.astuple(value), float_free)
+        elif type(value) is tuple:
+            _refuse_floats_in(value, float_free)
+        else:
+            _refuse_floats(msgspec.to_builtins(value))
+
+
 def receipt_digest(domain: str, material: Any) -> str:
     """A receipt digest as the seed computes it: ``sha256:`` over a domain string and canonical JSON.
 

@@ -16,7 +16,7 @@ from typing import Any, Union
 
 import msgspec
 
-from .canonical import canonical_bytes
+from .canonical import PLAIN_TYPES, struct_bytes
 from .errors import InvalidInputError
 from .values import ProxyAuthority, Resources
 
@@ -217,11 +217,20 @@ def type_of(event: Event) -> str:
     return event.__struct_config__.tag  # type: ignore[return-value]
 
 
+# Field value types an event may hold without a look for floats: plain values, and the value types that
+# validate every field when they are built (and decoded, and replaced), refusing floats.
+_FLOAT_FREE = PLAIN_TYPES | {ProxyAuthority, Resources}
+
+
 def encode(event: Event) -> bytes:
-    """The canonical bytes of an event (stored and hashed as they are)."""
+    """The canonical bytes of an event (stored and hashed as they are).
+
+    The same bytes as ``canonical_bytes(msgspec.to_builtins(event))``, a float anywhere refused alike;
+    encoded from the Struct directly, which is several times cheaper.
+    """
     if not isinstance(event, Event):
         raise InvalidInputError("events", f"events must be lifecycle_es events, got {type(event).__name__}")
-    return canonical_bytes(msgspec.to_builtins(event))
+    return struct_bytes(event, _FLOAT_FREE)
 
 
 def decode(body: bytes) -> Event:
