@@ -89,9 +89,17 @@ def receipt_digest(domain: str, material: Any) -> str:
 
 def iso_ms(epoch_ms: int) -> str:
     """Epoch milliseconds as ISO-8601 UTC with milliseconds and ``Z`` (JavaScript's ``toISOString``)."""
+    global _last_second
     seconds, millis = divmod(epoch_ms, 1000)
-    moment = datetime.fromtimestamp(seconds, tz=UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S") + f".{millis:03d}Z"
+    last = _last_second
+    if last[0] != seconds:
+        # Formatting the date costs ten times the rest, and a clock's readings share their second.
+        last = _last_second = (seconds, datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{last[1]}.{millis:03d}Z"
+
+
+# The last whole second `iso_ms` formatted, and its text (one tuple, replaced whole: safe across threads).
+_last_second: tuple[int | None, str] = (None, "")
 
 
 def parse_iso_ms(value: str) -> int:
