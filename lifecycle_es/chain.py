@@ -13,6 +13,8 @@ import struct
 
 import blake3
 
+from .errors import IntegrityError
+
 EVENT_DOMAIN = b"lifecycle-es/event/v1\x00"
 GENESIS_DOMAIN = b"lifecycle-es/genesis/v1\x00"
 SEAL_DOMAIN = b"lifecycle-es/seal/v1\x00"
@@ -57,22 +59,42 @@ def link(prev: bytes, seq: int, stream: str, version: int, type_: str, at: str, 
     """The hash of one event, given the hash of the event before it.
 
     The same bytes as ``EVENT_DOMAIN || prev || frame(...)``, fed to blake3 in two updates (the frame's
-    head, then the body) so that verifying a long log costs little more than hashing it.
+    head, then the body) so that verifying a long log costs little more than hashing it. Fields that no
+    frame can hold (a negative version, a NULL or an integer where text belongs: a row edited outside
+    the store or read from a damaged page) raise IntegrityError at `seq`: no hash can be that row's.
     """
-    stream_b = stream.encode()
-    type_b = type_.encode()
-    at_b = at.encode()
-    lengths = (len(stream_b), len(type_b), len(at_b))
-    head = _HEADS.get(lengths)
-    if head is None:
-        head = struct.Struct(">QQ%dsQQ%dsQ%dsQ" % lengths)  # noqa: UP031 (a format of formats)
-        if len(_HEADS) < _MAX_HEADS:
-            _HEADS[lengths] = head
-    start = EVENT_DOMAIN + prev + head.pack(seq, lengths[0], stream_b, version, lengths[1], type_b, lengths[2],
-                                            at_b, len(body))
-    hasher = blake3.blake3(start, key=key) if key is not None else blake3.blake3(start)
-    hasher.update(body)
+    try:
+        stream_b = stream.encode()
+        type_b = type_.encode()
+        at_b = at.encode()
+        lengths = (len(stream_b), len(type_b), len(at_b))
+        head = _HEADS.get(lengths)
+        if head is None:
+            head = struct.Struct(">QQ%dsQQ%dsQ%dsQ" % lengths)  # noqa: UP031 (a format of formats)
+            if len(_HEADS) < _MAX_HEADS:
+                _HEADS[lengths] = head
+        start = EVENT_DOMAIN + prev + head.pack(seq, lengths[0], stream_b, version, lengths[1], type_b, lengths[2],
+                                                at_b, len(body))
+        hasher = blake3.blake3(start, key=key) if key is not None else blake3.blake3(start)
+        hasher.update(body)
+    except (struct.error, TypeError, AttributeError, UnicodeError):
+        # Inside the try, not a check before it: the hot path of every verify and audit pays nothing.
+        raise IntegrityError(seq, f"it cannot be hashed: {_unframeable(prev, seq, stream, version, type_, at, body)}",
+                             stream=stream if isinstance(stream, str) else None) from None
     return hasher.digest()
+
+
+def _unframeable(prev: object, seq: object, stream: object, version: object, type_: object, at: object,
+                 body: object) -> str:
+    """Which field of a row the frame cannot hold, and why."""
+    fields = {"seq": (seq, int), "stream": (stream, str), "version": (version, int), "type": (type_, str),
+              "at": (at, str), "body": (body, bytes), "prev": (prev, bytes)}
+    for name, (value, kind) in fields.items():
+        if type(value) is not kind:
+            return f"its {name} is {type(value).__name__}, not {kind.__name__}"
+        if kind is int and not 0 <= value < 2**64:  # type: ignore[operator]
+            return f"its {name} {value} is outside 0..2**64-1"
+    return "its text is not encodable"
 
 
 def genesis(store_id: bytes, key: bytes | None = None) -> bytes:

@@ -49,7 +49,7 @@ def fold_row(state: RunnerState | None, seq: int, stream: str, type_: str, at: s
     """
     try:
         event = decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:  # TypeError: a body not bytes
         raise IntegrityError(seq, f"body is not a valid event: {exc}", stream=stream) from None
     if type_of(event) != type_:
         raise IntegrityError(seq, f"type column {type_!r} differs from body tag {type_of(event)!r}", stream=stream)

@@ -67,6 +67,18 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
 }
 
+# (name, declared type, not null, primary key) of every column of the store's own tables, as MIGRATIONS
+# creates them (a STRICT table's TEXT primary key is NOT NULL; an INTEGER PRIMARY KEY is the rowid).
+STORE_TABLES: dict[str, tuple[tuple[str, str, bool, bool], ...]] = {
+    "meta": (("key", "TEXT", True, True), ("value", "BLOB", True, False)),
+    "events": (("seq", "INTEGER", False, True), ("stream", "TEXT", True, False), ("version", "INTEGER", True, False),
+               ("type", "TEXT", True, False), ("at", "TEXT", True, False), ("body", "BLOB", True, False),
+               ("prev", "BLOB", True, False), ("hash", "BLOB", True, False)),
+    "snapshots": (("stream", "TEXT", True, True), ("version", "INTEGER", True, False),
+                  ("seq", "INTEGER", True, False), ("state", "BLOB", True, False),
+                  ("event_hash", "BLOB", True, False)),
+}
+
 
 def translation(action: str, exc: apsw.Error) -> StoreError:
     """The StoreError kind of an apsw error, most specific first (the only place that maps them)."""
@@ -355,11 +367,27 @@ class SqliteBackend:
             raise StoreFormatError(f"{self.path!r} has no lifecycle-es schema (user_version {version})")
 
     def _check_schema(self) -> None:
-        """A file with our application_id and version but without our tables is not a store either."""
+        """A file with our application_id and version but without our tables is not a store either.
+
+        Each table must be STRICT with exactly the columns `STORE_TABLES` lists: STRICT is what makes the
+        values read back the types the code expects, so a file whose tables were rewritten without it (to
+        hold a text body or an integer stream) fails here, not as a TypeError deep in a verify or replay.
+        (A value smuggled in under a schema rewritten and put back, or read from a damaged page, has no
+        such check here; `chain.link` and the event decoder name its row.)
+        """
         names = {row[0] for row in self.conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
-        missing = sorted({"meta", "events", "snapshots"} - names)
+        missing = sorted(set(STORE_TABLES) - names)
         if missing:
             raise StoreFormatError(f"{self.path!r} is not a lifecycle-es store: its tables {missing} are missing")
+        for table, wanted in STORE_TABLES.items():
+            (strict,), = self.conn.execute(
+                "SELECT strict FROM pragma_table_list WHERE schema = 'main' AND name = ?", (table,)).fetchall()
+            info = self.conn.execute('SELECT name, type, "notnull", pk FROM pragma_table_info(?)', (table,))
+            columns = tuple((name, str(declared).upper(), bool(notnull), bool(pk))
+                            for name, declared, notnull, pk in info)
+            if strict != 1 or columns != wanted:
+                raise StoreFormatError(f"{self.path!r} has a {table!r} table that is not the store's (not STRICT, "
+                                       "or its columns or types differ): not a lifecycle-es store")
 
     def _migrate(self) -> None:
         """Step user_version up the ladder inside one IMMEDIATE transaction."""

@@ -76,7 +76,8 @@ class RecordedEvent:
         if self._event is None:
             try:
                 decoded = decode(self.body)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
+                # TypeError: a body that is not bytes at all (NULL from a damaged page, text smuggled past STRICT).
                 raise IntegrityError(self.seq, f"body is not a valid event: {exc}", stream=self.stream) from None
             if type_of(decoded) != self.type:
                 raise IntegrityError(self.seq, f"type column {self.type!r} differs from body tag "

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from lifecycle_es import chain
 from lifecycle_es.errors import StoreFormatError, StoreKeyError
-from lifecycle_es.sqlite import SqliteBackend, translated
+from lifecycle_es.sqlite import STORE_TABLES, SqliteBackend, translated
 from lifecycle_es.store import EventStore
 
 from .exits import EXIT_NOINPUT, EXIT_USAGE, CommandError
@@ -23,18 +23,9 @@ from .exits import EXIT_NOINPUT, EXIT_USAGE, CommandError
 MAX_KEY_FILE_BYTES = 256
 BUSY_TIMEOUT_MS = 5000
 
-# (name, declared type, not null, primary key) of every column, per table, as the migrations create them
-# (a STRICT table's TEXT primary key is NOT NULL; an INTEGER PRIMARY KEY is the rowid, never NULL).
-# STRICT tables hold exactly these types, so a row read back cannot surprise the code that reads it.
-TABLES: dict[str, tuple[tuple[str, str, bool, bool], ...]] = {
-    "meta": (("key", "TEXT", True, True), ("value", "BLOB", True, False)),
-    "events": (("seq", "INTEGER", False, True), ("stream", "TEXT", True, False), ("version", "INTEGER", True, False),
-               ("type", "TEXT", True, False), ("at", "TEXT", True, False), ("body", "BLOB", True, False),
-               ("prev", "BLOB", True, False), ("hash", "BLOB", True, False)),
-    "snapshots": (("stream", "TEXT", True, True), ("version", "INTEGER", True, False),
-                  ("seq", "INTEGER", True, False), ("state", "BLOB", True, False),
-                  ("event_hash", "BLOB", True, False)),
-}
+# The store's own tables, column by column (the store checks them on every open too). STRICT tables hold
+# exactly these types, so a row read back cannot surprise the code that reads it.
+TABLES = STORE_TABLES
 TRIGGERS = ("events_no_update", "events_no_delete")
 
 

@@ -104,6 +104,11 @@ def walk(backend: Backend, store_id: bytes, key: bytes | None, *, head: int, cha
     except LifecycleError as exc:  # a store error mid-read: tie it to the row being read
         return Walked(Problem(expected, None, f"the row could not be read: {exc}"), streams, captured, at_snapshots,
                       expected - 1)
+    except (TypeError, AttributeError) as exc:
+        # A value of the wrong type (smuggled past STRICT, or read from a damaged page) in a row outside this
+        # walker's chain range, whose `chain.link` would have named it: the row's seq is the one just counted.
+        return Walked(Problem(expected - 1, None, f"a value of the row is not of the store's types ({exc})"),
+                      streams, captured, at_snapshots, expected - 1)
     return Walked(None, streams, captured, at_snapshots, expected - 1)
 
 
