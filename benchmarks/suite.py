@@ -30,7 +30,9 @@ from pathlib import Path
 
 from .measure import Figure, cpu_count, failed, table
 
-MODULES = ("store", "lifecycle")
+MODULES = ("store", "lifecycle", "soak")
+# Modules that run for minutes whatever the mode: --quick leaves them out unless --only names them.
+NOT_QUICK = ("soak",)
 RESULTS = Path(__file__).resolve().parent / "results"
 
 Benchmark = Callable[["Context"], list[Figure]]
@@ -112,7 +114,8 @@ def main(argv: Sequence[str] | None = None, *, modules: dict[str, Benchmark] | N
     prog = "python -m benchmarks" + ("" if modules is None else "." + ".".join(modules))
     args = _parse(argv, prog, whole_suite=modules is None)
     if modules is None:
-        modules = {name: _load(name) for name in (args.only or MODULES)}
+        chosen = args.only or [name for name in MODULES if not (args.quick and name in NOT_QUICK)]
+        modules = {name: _load(name) for name in chosen}
     parent = args.data_dir or None
     if parent:
         os.makedirs(parent, exist_ok=True)
