@@ -110,3 +110,14 @@ def test_non_events_are_refused() -> None:
     for value in ({"type": "ReclaimCompleted", "generation": 1}, AUTHORITY, None):
         with pytest.raises(InvalidInputError, match="lifecycle_es events"):
             encode(value)  # type: ignore[arg-type]
+
+
+def test_an_aware_datetime_is_its_exact_millisecond() -> None:
+    # datetime.timestamp() * 1000 is a float: 536870.911 s came out as 536870910 ms.
+    from datetime import UTC, datetime, timedelta
+
+    from lifecycle_es.canonical import timestamp
+
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    for ms in (0, 536_870_911, T0 + 1, 253_402_300_799_999):
+        assert timestamp(epoch + timedelta(milliseconds=ms), "at") == iso_ms(ms)
