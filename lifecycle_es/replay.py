@@ -13,9 +13,10 @@ from typing import NamedTuple
 import msgspec
 
 from .canonical import parse_iso_ms
+from .draft import RunnerDraft, is_keyed, thaw
 from .errors import IntegrityError, LifecycleError, StoreError
-from .events import decode, type_of
-from .runner import RunnerState, apply, decode_state, encode_state
+from .events import Event, decode, type_of
+from .runner import RunnerState, apply, decode_state, encode_state, start, step
 from .store import EventStore, RecordedEvent
 
 
@@ -28,6 +29,10 @@ class Folded(NamedTuple):
 
 
 EMPTY = Folded(None, 0, 0)
+# A Fold re-keeps its draft's leases keyed after this many events: copying a runner's leases into a
+# dict once costs about what a handful of events cost copying tuples (a catch-up of one or two events
+# never pays it).
+_KEY_AFTER = 4
 
 
 def fold(state: RunnerState | None, recorded: RecordedEvent) -> RunnerState:
@@ -89,13 +94,83 @@ def load(store: EventStore, stream: str, *, base: Folded | None = None, use_snap
             snap = snapshot_of(store, stream)
             if snap is not None and (until_seq is None or snap.seq <= until_seq):
                 base = snap
-    state, version, seq = base
-    for recorded in store.read_stream(stream, after_version=version):
+    folding = Fold(base)
+    for recorded in store.read_stream(stream, after_version=base.version):
         if until_seq is not None and recorded.seq > until_seq:
             break
-        state = fold(state, recorded)
-        version, seq = recorded.version, recorded.seq
-    return Folded(state, version, seq)
+        folding.add(recorded)
+    return folding.folded()
+
+
+class Fold:
+    """One stream's events folded through the rules into a draft, frozen when the result is asked for.
+
+    The same checks and errors as `fold` event by event (a broken rule is an IntegrityError at its
+    seq), without a frozen state per event: after the first few events the draft keeps its leases
+    keyed and changes them in place (see ``draft.py``), so an event costs the same however many leases
+    the runner retains. `last` is the last event folded and `steps` how many were. A Fold that raised is
+    not to be used again.
+    """
+
+    __slots__ = ("_draft", "_folded", "last", "seq", "steps", "version")
+
+    def __init__(self, base: Folded = EMPTY) -> None:
+        state, self.version, self.seq = base
+        self._draft: RunnerDraft | None = thaw(state) if state is not None else None
+        self._folded: RunnerState | None = state  # the draft as a value, while nothing was folded since
+        self.steps = 0
+        self.last: RecordedEvent | None = None
+
+    def add(self, recorded: RecordedEvent) -> None:
+        """Fold one recorded event (its body decoded; a broken rule is IntegrityError at its seq)."""
+        self._step(recorded.event, recorded.seq, recorded.stream, recorded.type, recorded.at)
+        self.version = recorded.version
+        self.last = recorded
+
+    def _step(self, event: Event, seq: int, stream: str, type_: str, at: str) -> None:
+        try:
+            at_ms = parse_iso_ms(at)
+            draft = self._draft
+            if draft is None:
+                self._draft = start(event, at)
+            else:
+                if self.steps == _KEY_AFTER and not is_keyed(draft):
+                    self._draft = draft = thaw(draft.freeze(), keyed=True)
+                step(draft, event, at_ms, at)
+        except IntegrityError:
+            raise
+        except (LifecycleError, ValueError) as exc:
+            raise IntegrityError(seq, f"{type_} breaks the rules: {exc}", stream=stream) from None
+        self.steps += 1
+        self._folded = None
+        self.seq = seq
+
+    def state(self) -> RunnerState | None:
+        """The state folded so far, frozen (None before the stream's first event)."""
+        if self._folded is None and self._draft is not None:
+            self._folded = self._draft.freeze()
+        return self._folded
+
+    def folded(self) -> Folded:
+        """The state folded so far, with the version and seq it was folded up to."""
+        return Folded(self.state(), self.version, self.seq)
+
+
+def fold_log(store: EventStore, *, until_seq: int | None = None) -> dict[str, Fold]:
+    """Every stream of the log folded in seq order (up to `until_seq`), one `Fold` per stream.
+
+    What a whole-log replay that only wants the end states (rebuild, the fleet view) runs: each runner's
+    draft is frozen once, when its `Fold` is asked for the state, not after every event.
+    """
+    folds: dict[str, Fold] = {}
+    for recorded in store.read():
+        if until_seq is not None and recorded.seq > until_seq:
+            break
+        folding = folds.get(recorded.stream)
+        if folding is None:
+            folding = folds[recorded.stream] = Fold()
+        folding.add(recorded)
+    return folds
 
 
 def write_snapshot(store: EventStore, stream: str, folded: Folded, event_hash: bytes) -> None:

@@ -1,0 +1,228 @@
+"""A replay's fold (`replay.Fold`: one draft, leases keyed, frozen at the end) equals `apply` event by event.
+
+Both run the same rules (``runner.py``) over a `RunnerDraft`; they differ only in how the draft keeps
+its leases (``draft.py``). These tests hold the keyed way to the shared one: the same state after
+every event of any log the model writes, the same error at the same event of a broken log, the same
+eviction and capacity refusal, and the old semantics on a state with duplicate lease ids (which only a
+damaged snapshot holds). The lease index a state carries must always equal a fresh count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lifecycle_es import IntegrityError, LifecycleError, RunnerCapacityError
+from lifecycle_es import runner as rules
+from lifecycle_es.canonical import iso_ms, parse_iso_ms
+from lifecycle_es.events import Event, LeaseAcquired, LeaseSettled, RunnerInitialized, encode, type_of
+from lifecycle_es.receipts import project
+from lifecycle_es.replay import EMPTY, Fold, Folded
+from lifecycle_es.runner import RunnerState, apply, decode_state, encode_state
+from lifecycle_es.state import _LeaseIndex, index_of
+from lifecycle_es.store import RecordedEvent
+from lifecycle_es.testing.clock import START_MS
+from lifecycle_es.testing.logs import event_logs, invalid_event_logs
+from lifecycle_es.values import ProxyAuthority, Resources
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+DIGEST = "sha256:" + "ab" * 32
+
+
+def at_ms(at: str) -> int:
+    return parse_iso_ms(at)
+
+
+def recorded(log: list[tuple[int, Event]]) -> Iterator[RecordedEvent]:
+    for seq, (at_ms, event) in enumerate(log, 1):
+        yield RecordedEvent(seq, "runner-1", seq, type_of(event), iso_ms(at_ms), encode(event), bytes(32),
+                            bytes(32), event=event)
+
+
+def assert_index_is_a_fresh_count(state: RunnerState) -> None:
+    index, fresh = index_of(state), _LeaseIndex.of(state.leases)
+    assert (index.active, index.parked, index.settled, index.other, index.sessions, index.unique) == (
+        fresh.active, fresh.parked, fresh.settled, fresh.other, fresh.sessions, fresh.unique)
+    assert fresh.ids <= index.ids
+
+
+def assert_same(folded: RunnerState | None, applied: RunnerState | None) -> None:
+    assert folded == applied
+    if folded is not None and applied is not None:
+        assert encode_state(folded) == encode_state(applied)
+        assert_index_is_a_fresh_count(folded)
+        assert_index_is_a_fresh_count(applied)
+        assert project(folded) == project(applied)
+
+
+@SETTINGS
+@given(log=event_logs(max_commands=60), every=st.integers(1, 50))
+def test_a_fold_equals_apply_after_every_event(log: list[tuple[int, Event]], every: int) -> None:
+    folding, state = Fold(), None
+    for position, event in enumerate(recorded(log), 1):
+        state = apply(state, event.event, at_ms(event.at), event.at)
+        folding.add(event)
+        if position % every == 0:  # freezing mid-way and folding on must change nothing
+            assert_same(folding.state(), state)
+    assert_same(folding.state(), state)
+    assert folding.folded() == Folded(state, len(log), len(log))
+
+
+@SETTINGS
+@given(log=event_logs(max_commands=40), cut=st.integers(0, 40))
+def test_a_fold_from_a_state_equals_apply(log: list[tuple[int, Event]], cut: int) -> None:
+    events = list(recorded(log))
+    cut = min(cut, len(events))
+    state = None
+    for event in events[:cut]:
+        state = apply(state, event.event, at_ms(event.at), event.at)
+    base = Folded(state, cut, cut) if state is not None else EMPTY
+    folding = Fold(base)
+    for event in events[cut:]:
+        state = apply(state, event.event, at_ms(event.at), event.at)
+        folding.add(event)
+    assert_same(folding.state(), state)
+
+
+@SETTINGS
+@given(broken=invalid_event_logs(max_commands=40))
+def test_a_fold_refuses_a_broken_log_at_the_same_event_as_apply(broken: tuple[list[tuple[int, Event]], int]) -> None:
+    log, index = broken
+    events = list(recorded(log))
+    state = None
+    with pytest.raises(LifecycleError) as applied:
+        for event in events:
+            state = apply(state, event.event, at_ms(event.at), event.at)
+    folding = Fold()
+    with pytest.raises(IntegrityError) as folded:
+        for event in events:
+            folding.add(event)
+    assert folded.value.seq == index + 1
+    assert str(applied.value) in str(folded.value)
+
+
+# --- retention: eviction and the capacity refusal, with a small capacity ----------------------------
+
+AT = START_MS
+PROXY = ProxyAuthority(id="proxy-1", revision=1, issued_at=iso_ms(AT), expires_at=iso_ms(AT + 60_000))
+
+
+def acquire(n: int) -> LeaseAcquired:
+    return LeaseAcquired(lease_id=f"lease-{n}", session_id=f"session-{n}", lease_generation=1, issued_at=iso_ms(AT),
+                         expires_at=iso_ms(AT + 10_000), proxy_authority=PROXY)
+
+
+def settle(n: int) -> LeaseSettled:
+    return LeaseSettled(lease_id=f"lease-{n}", lease_generation=1, result_digest=DIGEST)
+
+
+INITIALIZED = RunnerInitialized(schema=rules.RUNNER_SCHEMA, runner_id="runner-1", target="local", base_dir="/srv/r",
+                                resources=Resources(cpu_seconds=60, memory_bytes=1 << 30),
+                                post_session_hook_digest=DIGEST)
+
+
+@pytest.fixture
+def capacity_4(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rules, "MAX_RETAINED_LEASES", 4)
+
+
+def run_both(events: list[Event]) -> tuple[Any, Any]:
+    """(folded, applied) after `events`, or the exception each raised."""
+    log = [(AT, event) for event in events]
+    outcomes = []
+    for folding in (True, False):
+        try:
+            if folding:
+                fold = Fold()
+                for event in recorded(log):
+                    fold.add(event)
+                outcomes.append(fold.state())
+            else:
+                state = None
+                for event in recorded(log):
+                    state = apply(state, event.event, AT, event.at)
+                outcomes.append(state)
+        except (IntegrityError, LifecycleError) as exc:
+            outcomes.append(exc)
+    return outcomes[0], outcomes[1]
+
+
+def test_eviction_takes_the_oldest_lease_no_longer_active_in_both_ways(capacity_4: None) -> None:
+    events: list[Event] = [INITIALIZED, acquire(1), acquire(2), settle(2), acquire(3), acquire(4), settle(1)]
+    events += [acquire(5), acquire(6), settle(5), acquire(7)]
+    folded, applied = run_both(events)
+    assert_same(folded, applied)
+    assert [lease.id for lease in folded.leases] == ["lease-3", "lease-4", "lease-6", "lease-7"]
+
+
+def test_a_full_runner_of_active_leases_refuses_another_in_both_ways(capacity_4: None) -> None:
+    events: list[Event] = [INITIALIZED, acquire(1), acquire(2), acquire(3), acquire(4), settle(4), acquire(5),
+                           acquire(6)]
+    folded, applied = run_both(events)
+    assert isinstance(applied, RunnerCapacityError)
+    assert isinstance(folded, IntegrityError) and folded.seq == len(events)
+    assert str(applied) in str(folded)
+
+
+# --- a state with duplicate lease ids keeps the old scanning semantics --------------------------------
+
+
+def duplicated() -> RunnerState:
+    state = None
+    for event in (INITIALIZED, acquire(1), acquire(2)):
+        state = apply(state, event, AT, iso_ms(AT))
+    assert state is not None
+    data = msgspec.json.decode(encode_state(state))
+    data["leases"].append(dict(data["leases"][0]))  # lease-1 twice, both active (only forgery makes this)
+    return decode_state(msgspec.json.encode(data))
+
+
+def test_a_state_with_duplicate_ids_folds_alike_in_both_ways() -> None:
+    state = duplicated()
+    assert not index_of(state).unique
+    events = [settle(1), acquire(3), settle(2)]
+    folding = Fold(Folded(state, 3, 3))
+    applied = state
+    for event in recorded([(AT, event) for event in events]):
+        folding.add(event)
+        applied = apply(applied, event.event, AT, event.at)
+    assert_same(folding.state(), applied)
+    # Every lease of the id was settled, as the scan always did.
+    assert [lease.status for lease in applied.leases if lease.id == "lease-1"] == ["settled", "settled"]
+
+
+def test_a_status_the_seed_does_not_know_is_an_error_to_project() -> None:
+    data = msgspec.json.decode(encode_state(duplicated()))
+    data["leases"][0]["status"] = "lost"
+    with pytest.raises(KeyError):
+        project(decode_state(msgspec.json.encode(data)))
+
+
+@SETTINGS
+@given(log=event_logs(max_commands=60))
+def test_with_a_small_retention_a_fold_and_apply_agree_on_every_log(log: list[tuple[int, Event]]) -> None:
+    # The model's logs retain up to 1024 leases; with room for 4 (2 after reclaim) the rules evict, and
+    # refuse a fifth active lease, on the way: both ways must do so alike.
+    saved = rules.MAX_RETAINED_LEASES, rules.RETAINED_AFTER_RECLAIM
+    rules.MAX_RETAINED_LEASES, rules.RETAINED_AFTER_RECLAIM = 4, 2
+    try:
+        fold, state, failed = Fold(), None, None
+        for event in recorded(log):
+            try:
+                state = apply(state, event.event, at_ms(event.at), event.at)
+            except LifecycleError as exc:
+                failed = exc
+            try:
+                fold.add(event)
+            except IntegrityError as exc:
+                assert failed is not None and str(failed) in str(exc)
+                return
+            assert failed is None
+            assert_same(fold.state(), state)
+    finally:
+        rules.MAX_RETAINED_LEASES, rules.RETAINED_AFTER_RECLAIM = saved
