@@ -7,12 +7,14 @@ from the JavaScript original (a host being ported can compare them).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import msgspec
 
 from .canonical import receipt_digest
 from .runner import Drain, Lease, ProxyRef, RunnerState
+from .state import lease_counts
 from .values import ProxyAuthority, Resources
 
 LEASE_DOMAIN = "chainlesschain.execution-location.runner-lease.v1\x00"
@@ -140,20 +142,27 @@ class LeaseAuthority(msgspec.Struct, frozen=True, kw_only=True):
 
 def base_dir_digest(base_dir: str) -> str:
     """The seed's digest of a base directory path."""
+    if type(base_dir) is str:
+        return _base_dir_digest(base_dir)
+    return receipt_digest(BASE_DIR_DOMAIN, base_dir)
+
+
+# Every snapshot of a runner digests the same base dir: a sha256 over canonical JSON, once.
+@functools.lru_cache(maxsize=256)
+def _base_dir_digest(base_dir: str) -> str:
     return receipt_digest(BASE_DIR_DOMAIN, base_dir)
 
 
 def project(state: RunnerState) -> RunnerSnapshot:
     """The seed's ``project()``: a runner's public snapshot from its state."""
-    counts = {"active": 0, "parked": 0, "settled": 0}
-    for lease in state.leases:
-        counts[lease.status] += 1
+    # The counts come from the state's lease index (kept as events are folded), not a scan of its leases.
+    active, parked, settled = lease_counts(state)
     return RunnerSnapshot(
         schema=state.schema, runner_id=state.runner_id, target=state.target, state=state.state,
         accepting=state.state == "accepting", generation=state.generation, policy_revision=state.policy_revision,
         base_dir_digest=base_dir_digest(state.base_dir), resources=state.resources,
-        proxy_authority=state.proxy_authority, drain=state.drain, active_lease_count=counts["active"],
-        parked_lease_count=counts["parked"], settled_lease_count=counts["settled"], updated_at=state.updated_at,
+        proxy_authority=state.proxy_authority, drain=state.drain, active_lease_count=active,
+        parked_lease_count=parked, settled_lease_count=settled, updated_at=state.updated_at,
     )
 
 

@@ -112,6 +112,9 @@ class ProxyAuthority(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def coerce(cls, value: object, field: str = "proxy_authority") -> ProxyAuthority:
         """A ProxyAuthority from itself or a mapping with exactly id, revision, issued_at, expires_at."""
+        if type(value) is ProxyAuthority:
+            # Checked and normalized when it was built (or decoded, or replaced): nothing to do again.
+            return value
         if isinstance(value, ProxyAuthority):
             data: Mapping[str, Any] = msgspec.structs.asdict(value)
         else:
