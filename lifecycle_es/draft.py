@@ -249,9 +249,25 @@ class _KeyedDraft(RunnerDraft):
 
     def replace_lease(self, old: Lease, new: Lease) -> None:
         self.leases[new.id] = new  # an existing key keeps its place
-        if old.status != new.status:
-            self._count(old, -1)
-            self._count(new, 1)
+        before, after = old.status, new.status
+        if before == after:
+            return
+        if before == "active" and after in ("settled", "parked"):
+            # A lease ending, half the events of a log: counted here, not by two _count calls.
+            self.active -= 1
+            if after == "settled":
+                self.settled += 1
+            else:
+                self.parked += 1
+            sessions, session = self.sessions, old.session_id
+            left = sessions.get(session, 0) - 1
+            if left > 0:
+                sessions[session] = left
+            else:
+                sessions.pop(session, None)
+            return
+        self._count(old, -1)
+        self._count(new, 1)
 
     def park_active(self) -> None:
         leases = self.leases

@@ -8,16 +8,18 @@ not have produced raises IntegrityError at that event's seq.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import msgspec
 
+from .backend import Row
 from .canonical import parse_iso_ms
 from .draft import RunnerDraft, is_keyed, thaw
 from .errors import IntegrityError, LifecycleError, StoreError
 from .events import Event, decode, type_of
 from .runner import RunnerState, apply, decode_state, encode_state, start, step
-from .store import EventStore, RecordedEvent
+from .store import PAGE, EventStore, RecordedEvent
 
 
 class Folded(NamedTuple):
@@ -95,11 +97,32 @@ def load(store: EventStore, stream: str, *, base: Folded | None = None, use_snap
             if snap is not None and (until_seq is None or snap.seq <= until_seq):
                 base = snap
     folding = Fold(base)
-    for recorded in store.read_stream(stream, after_version=base.version):
-        if until_seq is not None and recorded.seq > until_seq:
+    for row in _stream_rows(store, stream, base.version):
+        if until_seq is not None and row[0] > until_seq:
             break
-        folding.add(recorded)
+        folding.add_row(row)
     return folding.folded()
+
+
+def _stream_rows(store: EventStore, stream: str, after_version: int) -> Iterator[Row]:
+    """`store.read_stream` as backend rows: a replay keeps no event, so it makes no RecordedEvent either."""
+    while True:
+        rows = store.backend.stream_rows(stream, after_version=after_version, limit=PAGE)
+        yield from rows
+        if len(rows) < PAGE:
+            return
+        after_version = rows[-1][2]
+
+
+def _log_rows(store: EventStore) -> Iterator[Row]:
+    """`store.read()` as backend rows (see `_stream_rows`)."""
+    after = 0
+    while True:
+        rows = store.backend.rows(after=after, stream=None, limit=PAGE)
+        yield from rows
+        if len(rows) < PAGE:
+            return
+        after = rows[-1][0]
 
 
 class Fold:
@@ -108,24 +131,38 @@ class Fold:
     The same checks and errors as `fold` event by event (a broken rule is an IntegrityError at its
     seq), without a frozen state per event: after the first few events the draft keeps its leases
     keyed and changes them in place (see ``draft.py``), so an event costs the same however many leases
-    the runner retains. `last` is the last event folded and `steps` how many were. A Fold that raised is
-    not to be used again.
+    the runner retains. `hash` is the last event's hash and `steps` how many were folded. A Fold that
+    raised is not to be used again.
     """
 
-    __slots__ = ("_draft", "_folded", "last", "seq", "steps", "version")
+    __slots__ = ("_draft", "_folded", "hash", "seq", "steps", "version")
 
     def __init__(self, base: Folded = EMPTY) -> None:
         state, self.version, self.seq = base
         self._draft: RunnerDraft | None = thaw(state) if state is not None else None
         self._folded: RunnerState | None = state  # the draft as a value, while nothing was folded since
         self.steps = 0
-        self.last: RecordedEvent | None = None
+        self.hash: bytes | None = None
 
     def add(self, recorded: RecordedEvent) -> None:
         """Fold one recorded event (its body decoded; a broken rule is IntegrityError at its seq)."""
         self._step(recorded.event, recorded.seq, recorded.stream, recorded.type, recorded.at)
         self.version = recorded.version
-        self.last = recorded
+        self.hash = recorded.hash
+
+    def add_row(self, row: Row) -> None:
+        """`add` of an event given as its backend row: the same checks and errors as ``RecordedEvent.event``."""
+        seq, stream, version, type_, at, body, _, digest = row
+        try:
+            event = decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:  # TypeError: a body not bytes
+            raise IntegrityError(seq, f"body is not a valid event: {exc}", stream=stream) from None
+        if type_of(event) != type_:
+            raise IntegrityError(seq, f"type column {type_!r} differs from body tag {type_of(event)!r}",
+                                 stream=stream)
+        self._step(event, seq, stream, type_, at)
+        self.version = version
+        self.hash = digest
 
     def _step(self, event: Event, seq: int, stream: str, type_: str, at: str) -> None:
         try:
@@ -163,13 +200,13 @@ def fold_log(store: EventStore, *, until_seq: int | None = None) -> dict[str, Fo
     draft is frozen once, when its `Fold` is asked for the state, not after every event.
     """
     folds: dict[str, Fold] = {}
-    for recorded in store.read():
-        if until_seq is not None and recorded.seq > until_seq:
+    for row in _log_rows(store):
+        if until_seq is not None and row[0] > until_seq:
             break
-        folding = folds.get(recorded.stream)
+        folding = folds.get(row[1])
         if folding is None:
-            folding = folds[recorded.stream] = Fold()
-        folding.add(recorded)
+            folding = folds[row[1]] = Fold()
+        folding.add_row(row)
     return folds
 
 
