@@ -87,6 +87,10 @@ class Backend(Protocol):
         """One parameterized statement (read models write through this in the event transaction)."""
         ...
 
+    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """One parameterized statement run once per row (read models write many rows at once)."""
+        ...
+
     def file_identity(self) -> tuple[int, int]:
         """An identity of the underlying file; a change means it was replaced underneath."""
         ...

@@ -554,6 +554,11 @@ class SqliteBackend:
         with translated("execute"):
             return self.conn.execute(sql, params).fetchall()
 
+    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run one parameterized statement once per row (read models, inside the event transaction)."""
+        with translated("execute"):
+            self.conn.executemany(sql, rows)
+
     def close(self) -> None:
         """Close the connection (SQLite checkpoints the WAL when the last connection closes).
 

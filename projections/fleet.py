@@ -11,8 +11,9 @@ from collections.abc import Iterator
 import msgspec
 
 from lifecycle_es.receipts import RunnerSnapshot, project
-from lifecycle_es.replay import fold, load
+from lifecycle_es.replay import fold, fold_log, load
 from lifecycle_es.runner import LEASE_STATUSES, STATES, RunnerState
+from lifecycle_es.state import lease_counts
 from lifecycle_es.store import EventStore, RecordedEvent
 from lifecycle_es.values import safe_id, safe_int
 
@@ -41,9 +42,12 @@ def replay(store: EventStore, *, until_seq: int | None = None) -> dict[str, Runn
     """Every runner's state after a full replay of the log (up to `until_seq` when given)."""
     if until_seq is not None:
         safe_int(until_seq, "until_seq")
+    # The same rules and errors as replay_all, folding each runner into a draft frozen once at the end.
     states: dict[str, RunnerState] = {}
-    for recorded, state in replay_all(store, until_seq=until_seq):
-        states[recorded.stream] = state
+    for stream, folding in fold_log(store, until_seq=until_seq).items():
+        state = folding.state()
+        assert state is not None
+        states[stream] = state
     return states
 
 
@@ -72,8 +76,8 @@ def fleet_of(states: dict[str, RunnerState], head_seq: int) -> FleetView:
     for runner_id in sorted(states):
         state = states[runner_id]
         by_state[state.state].append(runner_id)
-        for lease in state.leases:
-            by_status[lease.status] += 1
+        for status, count in zip(("active", "parked", "settled"), lease_counts(state), strict=True):
+            by_status[status] += count
     return FleetView(head_seq=head_seq, runners={rid: project(states[rid]) for rid in sorted(states)},
                      runners_by_state=by_state, leases_by_status=by_status)
 

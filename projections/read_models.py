@@ -19,11 +19,12 @@ from typing import Any
 
 from lifecycle_es.replay import Folded, fold, load
 from lifecycle_es.runner import Lease, RunnerState
+from lifecycle_es.state import lease_counts
 from lifecycle_es.store import EventStore, RecordedEvent
 
 POSITION_NAME = "read_models"
 
-SCHEMA = (
+TABLES = (
     "CREATE TABLE IF NOT EXISTS runners ("
     " runner_id TEXT PRIMARY KEY, target TEXT NOT NULL, state TEXT NOT NULL, accepting INTEGER NOT NULL,"
     " generation INTEGER NOT NULL, policy_revision INTEGER NOT NULL, base_dir TEXT NOT NULL,"
@@ -36,9 +37,10 @@ SCHEMA = (
     " runner_id TEXT NOT NULL REFERENCES runners (runner_id), lease_id TEXT NOT NULL, session_id TEXT NOT NULL,"
     " generation INTEGER NOT NULL, issued_at TEXT NOT NULL, expires_at TEXT NOT NULL, status TEXT NOT NULL,"
     " result_digest TEXT, hook_receipt_digest TEXT, PRIMARY KEY (runner_id, lease_id)) STRICT",
-    "CREATE INDEX IF NOT EXISTS leases_by_status ON leases (status, runner_id)",
     "CREATE TABLE IF NOT EXISTS read_model_position (name TEXT PRIMARY KEY, seq INTEGER NOT NULL) STRICT",
 )
+INDEXES = ("CREATE INDEX IF NOT EXISTS leases_by_status ON leases (status, runner_id)",)
+SCHEMA = TABLES + INDEXES
 RUNNER_COLUMNS = ("runner_id", "target", "state", "accepting", "generation", "policy_revision", "base_dir",
                   "cpu_seconds", "memory_bytes", "proxy_id", "proxy_revision", "post_session_hook_digest",
                   "drain_signal", "drain_requested_at", "drain_deadline_at", "active_lease_count",
@@ -59,15 +61,13 @@ _UPSERT_LEASE = (
 
 def runner_row(state: RunnerState, version: int, seq: int) -> tuple[Any, ...]:
     """The ``runners`` row of a state."""
-    counts = {"active": 0, "parked": 0, "settled": 0}
-    for lease in state.leases:
-        counts[lease.status] += 1
+    active, parked, settled = lease_counts(state)
     drain = state.drain
     return (state.runner_id, state.target, state.state, int(state.state == "accepting"), state.generation,
             state.policy_revision, state.base_dir, state.resources.cpu_seconds, state.resources.memory_bytes,
             state.proxy_authority.id, state.proxy_authority.revision, state.post_session_hook_digest,
             drain.signal if drain else None, drain.requested_at if drain else None,
-            drain.deadline_at if drain else None, counts["active"], counts["parked"], counts["settled"],
+            drain.deadline_at if drain else None, active, parked, settled,
             state.updated_at, version, seq)
 
 
@@ -77,9 +77,13 @@ def lease_row(runner_id: str, lease: Lease) -> tuple[Any, ...]:
             lease.status, lease.result_digest, lease.hook_receipt_digest)
 
 
-def create_tables(store: EventStore) -> None:
-    """Create the read-model tables if missing (inside a write transaction)."""
-    for statement in SCHEMA:
+def create_tables(store: EventStore, *, indexes: bool = True) -> None:
+    """Create the read-model tables if missing (inside a write transaction).
+
+    `indexes`: False leaves the secondary indexes (`INDEXES`) for the caller to create once it has
+    filled the tables (SQLite builds an index over existing rows faster than it keeps it row by row).
+    """
+    for statement in TABLES + INDEXES if indexes else TABLES:
         store.backend.execute(statement)
 
 
@@ -87,15 +91,24 @@ def write_runner(store: EventStore, old: RunnerState | None, new: RunnerState, v
     """Write a runner's row and the lease rows that changed between `old` and `new`."""
     backend = store.backend
     backend.execute(_UPSERT_RUNNER, runner_row(new, version, seq))
-    before = {lease.id: lease for lease in old.leases} if old is not None else {}
+    runner_id = new.runner_id
+    if old is None:
+        # One statement run for every row (a rebuild writes every retained lease of every runner).
+        backend.execute_many(_UPSERT_LEASE, [lease_row(runner_id, lease) for lease in new.leases])
+        return
+    before = {lease.id: lease for lease in old.leases}
     kept = set()
+    changed = []
     for lease in new.leases:
         kept.add(lease.id)
         # Leases are immutable values: an unchanged lease is the very same object in both states.
         if before.get(lease.id) is not lease:
-            backend.execute(_UPSERT_LEASE, lease_row(new.runner_id, lease))
-    for lease_id in before.keys() - kept:
-        backend.execute("DELETE FROM leases WHERE runner_id = ? AND lease_id = ?", (new.runner_id, lease_id))
+            changed.append(lease_row(runner_id, lease))
+    if changed:
+        backend.execute_many(_UPSERT_LEASE, changed)
+    gone = [(runner_id, lease_id) for lease_id in before.keys() - kept]
+    if gone:
+        backend.execute_many("DELETE FROM leases WHERE runner_id = ? AND lease_id = ?", gone)
 
 
 class ReadModels:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
+from lifecycle_es.replay import fold_log
 from lifecycle_es.runner import RunnerState, encode_state
 from lifecycle_es.store import EventStore, RecordedEvent
 
-from .fleet import replay_all
 from .read_models import (
+    INDEXES,
     ReadModels,
     create_tables,
     lease_row,
@@ -43,21 +44,24 @@ def rebuild(store: EventStore) -> RebuildReport:
                           "DROP TABLE IF EXISTS read_model_position"):
             backend.execute(statement)
         backend.clear_snapshots()
-        create_tables(store)
-        last: dict[str, tuple[RunnerState, RecordedEvent]] = {}
+        create_tables(store, indexes=False)
+        # Each runner folded into a draft and frozen once (the rules and errors of replay_all).
+        folds = fold_log(store)
         count = 0
-        for recorded, state in replay_all(store):
-            last[recorded.stream] = (state, recorded)
-            count += 1
         snapshots = 0
-        for stream, (state, recorded) in last.items():
-            write_runner(store, None, state, recorded.version, recorded.seq)
+        for stream, folding in folds.items():
+            state, digest = folding.state(), folding.hash
+            assert state is not None and digest is not None
+            count += folding.steps
+            write_runner(store, None, state, folding.version, folding.seq)
             if state.pending_park is None:
-                backend.put_snapshot(stream, recorded.version, recorded.seq, encode_state(state), recorded.hash)
+                backend.put_snapshot(stream, folding.version, folding.seq, encode_state(state), digest)
                 snapshots += 1
+        for statement in INDEXES:
+            backend.execute(statement)
         if count:
             ReadModels()._set_position(store, store.head().seq)
-    return RebuildReport(count, len(last), snapshots, time.perf_counter() - started)
+    return RebuildReport(count, len(folds), snapshots, time.perf_counter() - started)
 
 
 class SnapshotCheck:
