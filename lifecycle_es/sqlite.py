@@ -140,6 +140,7 @@ def check_path(path: str) -> bool:
     return True
 
 
+_INSERT = f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 _STREAM_VERSION = "SELECT version FROM events WHERE stream = ? ORDER BY version DESC LIMIT 1"
 # No row when the log is empty; otherwise the head's seq and hash, and the stream's version (NULL when
 # the stream has no events yet).
@@ -237,6 +238,12 @@ class SqliteBackend:
         # Whether a write transaction of ours is open, and the tail read inside it (see `tail`).
         self._writing = False
         self._tail: tuple[str, int, tuple[int, int, bytes | None]] | None = None
+        # total_changes when the open write transaction began; what its last insert left (changes after
+        # it, seq, hash, stream, version); and, once committed, the same under the data version after
+        # the commit (see `tail`).
+        self._begun = 0
+        self._inserted: tuple[int, int, bytes, str, int] | None = None
+        self._committed: tuple[int, int, bytes, str, int] | None = None
         exists = check_path(path)
         if not exists:
             if read_only:
@@ -484,10 +491,25 @@ class SqliteBackend:
         tail to decide and then appends, and the append reads it again from here, not from the file.
         No other connection can write while the lock is held, and any write of this one (an insert, a
         read model's row, a snapshot) moves `total_changes`, which drops what was kept.
+
+        Across transactions, what our last commit left is kept too: when this transaction has written
+        nothing yet and the connection's data version is still the one read just after that commit,
+        no connection (this one or another, in any process) has changed the file since (SQLite trusts
+        its page cache on the same evidence), so the head and the stream's version are what that commit
+        made them. Were that ever wrong, the insert of an already taken seq would fail its primary key:
+        a stale tail cannot chain a second branch.
         """
+        conn = self.conn
         kept = self._tail
-        if kept is not None and kept[0] == stream and kept[1] == self.conn.total_changes():
+        changes = conn.total_changes()
+        if kept is not None and kept[0] == stream and kept[1] == changes:
             return kept[2]
+        committed = self._committed
+        if (committed is not None and self._writing and committed[3] == stream and changes == self._begun
+                and conn.data_version() == committed[0]):
+            found: tuple[int, int, bytes | None] = (committed[4], committed[1], committed[2])
+            self._tail = (stream, changes, found)
+            return found
         with translated("read stream version and head"):
             rows = self.conn.execute(_TAIL, (stream,)).fetchall()
         if rows:
@@ -501,7 +523,11 @@ class SqliteBackend:
 
     def insert(self, rows: Sequence[Row]) -> None:
         """Insert event rows (inside a write transaction)."""
-        self.conn.executemany(f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        self._inserted = None
+        self.conn.executemany(_INSERT, rows)
+        if rows:
+            seq, stream, version, _, _, _, _, digest = rows[-1]
+            self._inserted = (self.conn.total_changes(), seq, digest, stream, version)
 
     def rows(self, *, after: int, stream: str | None, limit: int) -> list[Row]:
         """Up to `limit` rows with seq > `after`, in seq order, optionally of one stream."""
@@ -599,14 +625,17 @@ class _WriteTransaction:
             self.conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
             raise translation(self.action, exc) from exc
-        self.backend._tail = None
-        self.backend._writing = True
+        backend = self.backend
+        backend._tail = backend._inserted = None
+        backend._begun = self.conn.total_changes()
+        backend._writing = True
         return self.conn
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
-        conn = self.conn
-        self.backend._writing = False
-        self.backend._tail = None
+        conn, backend = self.conn, self.backend
+        inserted = backend._inserted
+        backend._writing = False
+        backend._tail = backend._inserted = backend._committed = None
         if exc is not None:
             try:
                 if not conn.getautocommit():
@@ -628,7 +657,11 @@ class _WriteTransaction:
             raise translation(self.action, error) from error
         except apsw.Error as error:
             raise translation(self.action, error) from error
+        if inserted is not None and inserted[0] == conn.total_changes():
+            # Nothing was written after the last insert: its row is the head (see `SqliteBackend.tail`).
+            backend._committed = (conn.data_version(), *inserted[1:])
         return False
+
 
 def create_store(path: str, *, store_id: bytes, key_id: str | None, rows: Iterable[Row]) -> None:
     """Create a new store file at `path` that holds `rows` exactly, under the given store id and key id.

@@ -173,6 +173,50 @@ def test_a_tail_read_in_a_transaction_is_reused_only_while_nothing_was_written(s
         assert recorded.seq == head.seq + 3
 
 
+def test_the_head_a_commit_left_is_reused_only_while_nothing_else_changed_the_file(started: EventStore) -> None:
+    # The backend keeps the head its last commit made, while the connection's data version says
+    # nothing changed since; any other writer, a raw write after the append, or a rollback must make
+    # the next append read the head afresh, so the chain never forks.
+    other = EventStore.open(started.path)
+    try:
+        started.append("runner-1", [ReclaimCompleted(generation=3)], expected_version=2)
+        other.append("runner-1", [ReclaimCompleted(generation=4)], expected_version=3)
+        with pytest.raises(ConcurrencyError):
+            started.append("runner-1", [ReclaimCompleted(generation=4)], expected_version=3)
+        head = other.head()
+        (recorded,) = started.append("runner-1", [ReclaimCompleted(generation=5)], expected_version=4)
+        assert (recorded.seq, recorded.prev) == (6, head.hash)
+        (recorded,) = other.append("runner-2", [ReclaimCompleted(generation=2)], expected_version=1)
+        assert recorded.seq == 7
+        (recorded,) = started.append("runner-1", [ReclaimCompleted(generation=6)], expected_version=5)
+        assert recorded.seq == 8
+        # A row written after the append, in the same transaction: the commit's head is not the append's.
+        with started.transaction() as tx:
+            (appended,) = tx.append("runner-1", [ReclaimCompleted(generation=7)], expected_version=6)
+            started.backend.execute(
+                "INSERT INTO events (seq, stream, version, type, at, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (10, "runner-3", 1, "ReclaimCompleted", appended.at, b'{"generation":1,"type":"ReclaimCompleted"}',
+                 appended.hash, bytes(32)))
+        (recorded,) = started.append("runner-1", [ReclaimCompleted(generation=8)], expected_version=7)
+        assert (recorded.seq, recorded.prev) == (11, bytes(32))
+        # A transaction that appended and then failed leaves nothing to reuse.
+        with pytest.raises(RuntimeError), started.transaction() as tx:
+            tx.append("runner-1", [ReclaimCompleted(generation=9)], expected_version=8)
+            raise RuntimeError("undo")
+        (recorded,) = started.append("runner-1", [ReclaimCompleted(generation=9)], expected_version=8)
+        assert (recorded.seq, recorded.version) == (12, 9)
+        # A row written in the next transaction before its append: the last commit's head is not the head.
+        with started.transaction() as tx:
+            started.backend.execute(
+                "INSERT INTO events (seq, stream, version, type, at, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (13, "runner-3", 2, "ReclaimCompleted", recorded.at, b'{"generation":2,"type":"ReclaimCompleted"}',
+                 recorded.hash, bytes(range(32))))
+            (appended,) = tx.append("runner-1", [ReclaimCompleted(generation=10)], expected_version=9)
+        assert (appended.seq, appended.prev) == (14, bytes(range(32)))
+    finally:
+        other.close()
+
+
 def test_body_tag_differing_from_type_column_is_an_integrity_error(store: EventStore) -> None:
     (recorded,) = store.append("runner-1", [EVENT])
     forged = RecordedEvent(*recorded.row()[:3], "RunnerParked", *recorded.row()[4:])
