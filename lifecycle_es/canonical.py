@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -59,6 +60,27 @@ def struct_bytes(value: msgspec.Struct, float_free: frozenset[type] = PLAIN_TYPE
     """
     _refuse_floats_in(msgspec.structs.astuple(value), float_free)
     return _ENCODER.encode(value)
+
+
+def structs_bytes(values: Iterable[Any], float_free: frozenset[type] = PLAIN_TYPES, kind: type = msgspec.Struct,
+                  refuse: Callable[[object], None] | None = None) -> list[bytes]:
+    """`struct_bytes` of each value, in one pass (a batch pays the calls per value once, not thrice).
+
+    A value that is not a `kind` is passed to `refuse` (which raises) before anything after it is
+    looked at, so a batch fails at its first bad value whichever way it is bad.
+    """
+    astuple, encode, look = msgspec.structs.astuple, _ENCODER.encode, _refuse_floats_in
+    out: list[bytes] = []
+    for value in values:
+        if not isinstance(value, kind):
+            if refuse is not None:
+                refuse(value)
+            raise InvalidInputError("value", f"expected a {kind.__name__}, got {type(value).__name__}")
+        fields = astuple(value)
+        if not set(map(type, fields)) <= float_free:
+            look(fields, float_free)
+        out.append(encode(value))
+    return out
 
 
 def _refuse_floats_in(values: tuple[Any, ...], float_free: frozenset[type]) -> None:

@@ -9,7 +9,10 @@ key: whoever edits the file without the key cannot forge a chain that verifies.
 
 from __future__ import annotations
 
+import functools
 import struct
+from collections.abc import Sequence
+from typing import Any
 
 import blake3
 
@@ -82,6 +85,45 @@ def link(prev: bytes, seq: int, stream: str, version: int, type_: str, at: str, 
         raise IntegrityError(seq, f"it cannot be hashed: {_unframeable(prev, seq, stream, version, type_, at, body)}",
                              stream=stream if isinstance(stream, str) else None) from None
     return hasher.digest()
+
+
+def links(prev: bytes, seq: int, stream: str, version: int, at: str, events: Sequence[tuple[str, bytes]],
+          key: bytes | None = None) -> list[bytes]:
+    """The hashes of a batch: `events` ``(type, body)`` appended to `stream` at `at` after `prev`, `seq`, `version`.
+
+    Each is ``link`` of the event at seq + 1, version + 1, ... chained to the one before, byte for byte;
+    the stream's and the time's bytes are framed once for the batch, each type's once, not per event.
+    Whatever a frame cannot hold is refused as ``link`` refuses it (it is asked again, event by event).
+    """
+    digests: list[bytes] = []
+    try:
+        stream_b, at_b = stream.encode(), at.encode()
+        stream_n, at_n = len(stream_b), len(at_b)
+        heads: dict[str, tuple[Any, bytes, int]] = {}
+        new = blake3.blake3 if key is None else functools.partial(blake3.blake3, key=key)
+        last, position, number = prev, seq, version
+        for type_, body in events:
+            position += 1
+            number += 1
+            head = heads.get(type_)
+            if head is None:
+                type_b = type_.encode()
+                head = heads[type_] = (
+                    struct.Struct(">QQ%dsQQ%dsQ%dsQ" % (stream_n, len(type_b), at_n)).pack, type_b, len(type_b))  # noqa: UP031
+            pack, type_b, type_n = head
+            hasher = new(EVENT_DOMAIN + last + pack(position, stream_n, stream_b, number, type_n, type_b, at_n, at_b,
+                                                    len(body)))
+            hasher.update(body)
+            last = hasher.digest()
+            digests.append(last)
+    except (struct.error, TypeError, AttributeError, UnicodeError):
+        digests = []
+        for type_, body in events:
+            seq += 1
+            version += 1
+            prev = link(prev, seq, stream, version, type_, at, body, key)  # raises at the row it cannot frame
+            digests.append(prev)
+    return digests
 
 
 def _unframeable(prev: object, seq: object, stream: object, version: object, type_: object, at: object,

@@ -36,7 +36,7 @@ from .errors import (
     StoreIOError,
     StoreKeyError,
 )
-from .events import Event, decode, encode, type_of
+from .events import Event, decode, encode_all, type_of
 from .seal import Seal, check_seal, read_seal, write_seal
 from .sqlite import DURABILITY, SqliteBackend
 from .values import safe_id, safe_int
@@ -304,10 +304,7 @@ class EventStore:
         safe_id(stream, "stream")
         if isinstance(events, Event) or not isinstance(events, Sequence) or not events:
             raise InvalidInputError("events", "events must be a non-empty sequence of events")
-        bodies: list[tuple[str, bytes]] = []
-        for event in events:
-            body = encode(event)  # first: it refuses what is not an event, before type_of touches it
-            bodies.append((type_of(event), body))
+        bodies = encode_all(events)  # refuses what is not an event, or holds a float, before anything else
         if expected_version is not None:
             safe_int(expected_version, "expected_version")
         if self.key_id is not None and self._key is None:
@@ -321,10 +318,10 @@ class EventStore:
             raise ConcurrencyError(stream, expected_version, version)
         prev = prev if prev is not None else self._genesis
         rows: list[Row] = []
-        for (type_, body) in bodies:
+        for (type_, body), digest in zip(bodies, chain.links(prev, seq, stream, version, at, bodies, self._key),
+                                          strict=True):
             seq += 1
             version += 1
-            digest = chain.link(prev, seq, stream, version, type_, at, body, self._key)
             rows.append((seq, stream, version, type_, at, body, prev, digest))
             prev = digest
         backend.insert(rows)

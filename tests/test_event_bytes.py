@@ -121,3 +121,23 @@ def test_an_aware_datetime_is_its_exact_millisecond() -> None:
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
     for ms in (0, 536_870_911, T0 + 1, 253_402_300_799_999):
         assert timestamp(epoch + timedelta(milliseconds=ms), "at") == iso_ms(ms)
+
+
+@pytest.mark.parametrize("bad_at", [0, 1, 2])
+def test_a_batch_encodes_as_its_events_do_and_fails_at_its_first_bad_one(bad_at: int) -> None:
+    from lifecycle_es.events import encode_all, type_of
+
+    digest = "sha256:" + "0" * 64
+    good = [LeaseSettled(lease_id=f"lease-{n}", lease_generation=1, result_digest=digest) for n in range(3)]
+    assert encode_all(good) == [(type_of(event), encode(event)) for event in good]
+    spoiled: list[Any] = list(good)
+    spoiled[bad_at] = "not an event"
+    spoiled[min(bad_at + 1, 2)] = wrong_events(1.5)[0] if bad_at < 2 else spoiled[2]
+    with pytest.raises(InvalidInputError, match="lifecycle_es events"):
+        encode_all(spoiled)
+    floated: list[Any] = list(good)
+    floated[bad_at] = wrong_events(1.5)[0]
+    if bad_at < 2:
+        floated[bad_at + 1] = "not an event"
+    with pytest.raises(InvalidInputError, match="integers only"):
+        encode_all(floated)

@@ -65,3 +65,32 @@ def test_framing_keeps_fields_apart() -> None:
     assert chain.link(PREV, 1, "ab", 1, "", "c" + AT, BODY) != base
     assert chain.link(PREV, 1, "ab", 1, "c", AT[:-1], AT[-1:].encode() + BODY) != base
     assert chain.link(PREV, 1, "ab", 1, "c", AT, BODY, KEY) != base
+
+
+@settings(max_examples=200, deadline=None)
+@given(prev=st.binary(min_size=32, max_size=32), seq=st.integers(0, 2**64 - 1), stream=texts,
+       version=st.integers(0, 2**64 - 1), at=texts,
+       events=st.lists(st.tuples(st.sampled_from(["LeaseAcquired", "LeaseSettled", "ü"]), st.binary(max_size=500)),
+                       min_size=1, max_size=6),
+       key=st.one_of(st.none(), st.binary(min_size=32, max_size=32)))
+def test_a_batch_of_links_is_link_after_link(prev: bytes, seq: int, stream: str, version: int, at: str,
+                                             events: list[tuple[str, bytes]], key: bytes | None) -> None:
+    # chain.links frames a batch's stream and time once; every hash must still be link's, and a seq or
+    # version past what the frame holds must fail as link fails.
+    wanted: list[bytes] | Exception = []
+    link_prev = prev
+    try:
+        for offset, (type_, body) in enumerate(events, 1):
+            link_prev = chain.link(link_prev, seq + offset, stream, version + offset, type_, at, body, key)
+            wanted.append(link_prev)  # type: ignore[union-attr]
+    except Exception as exc:
+        wanted = exc
+    if isinstance(wanted, Exception):
+        try:
+            chain.links(prev, seq, stream, version, at, events, key)
+        except Exception as exc:
+            assert (type(exc), str(exc)) == (type(wanted), str(wanted))
+        else:
+            raise AssertionError("links hashed what link refused")
+    else:
+        assert chain.links(prev, seq, stream, version, at, events, key) == wanted
