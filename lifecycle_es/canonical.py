@@ -38,10 +38,17 @@ def _refuse_floats(value: Any) -> None:
     if isinstance(value, float):
         raise InvalidInputError("value", f"canonical JSON holds integers only, got float {value!r}")
     if isinstance(value, dict):
-        for item in value.values():
-            _refuse_floats(item)
+        items: Any = value.values()
     elif isinstance(value, list | tuple):
-        for item in value:
+        items = value
+    else:
+        return
+    # Most containers hold only plain values (a receipt's material is dicts of strings and integers):
+    # one pass over their types in C, and a look into each item only when one is not plain.
+    if set(map(type, items)) <= PLAIN_TYPES:
+        return
+    for item in items:
+        if type(item) not in PLAIN_TYPES:
             _refuse_floats(item)
 
 
@@ -110,17 +117,15 @@ def receipt_digest(domain: str, material: Any) -> str:
 
 def iso_ms(epoch_ms: int) -> str:
     """Epoch milliseconds as ISO-8601 UTC with milliseconds and ``Z`` (JavaScript's ``toISOString``)."""
-    global _last_second
     seconds, millis = divmod(epoch_ms, 1000)
-    last = _last_second
-    if last[0] != seconds:
-        # Formatting the date costs ten times the rest, and a clock's readings share their second.
-        last = _last_second = (seconds, datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S"))
-    return f"{last[1]}.{millis:03d}Z"
+    return f"{_second_text(seconds)}.{millis:03d}Z"
 
 
-# The last whole second `iso_ms` formatted, and its text (one tuple, replaced whole: safe across threads).
-_last_second: tuple[int | None, str] = (None, "")
+# Formatting the date costs ten times the rest, and the times a runner stamps share a few seconds (now,
+# and a lease's expiry or a drain's deadline a fixed while later): remember the last few hundred.
+@functools.lru_cache(maxsize=256)
+def _second_text(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def parse_iso_ms(value: str) -> int:

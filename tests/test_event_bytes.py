@@ -141,3 +141,11 @@ def test_a_batch_encodes_as_its_events_do_and_fails_at_its_first_bad_one(bad_at:
         floated[bad_at + 1] = "not an event"
     with pytest.raises(InvalidInputError, match="integers only"):
         encode_all(floated)
+
+
+def test_canonical_bytes_refuses_a_float_at_any_depth() -> None:
+    for value in ({"a": {"b": [1, 2.5]}}, {"a": (1, {"c": float("nan")})}, [1, "x", None, [True, -0.0]], 1e3,
+                  {"x": "y", "z": {"w": [{"v": float("inf")}]}}):
+        with pytest.raises(InvalidInputError, match="integers only"):
+            canonical_bytes(value)
+    assert canonical_bytes({"b": [1, {"c": None}], "a": (True, "x")}) == b'{"a":[true,"x"],"b":[1,{"c":null}]}'
