@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from waiting import wait_for
+
 from hosts.local import LocalHost
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms
@@ -16,15 +18,6 @@ from lifecycle_es.canonical import iso_ms
 CLI = str(Path(sys.executable).with_name("lifecycle-es"))
 POLITE = ("import signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nsys.stdin.read()\n"
           "open('ready','w').close()\ntime.sleep(120)\n")
-
-
-def wait_for(predicate, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_demo_runs_the_whole_story_and_its_audit_passes(tmp_path: Path) -> None:

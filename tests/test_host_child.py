@@ -10,12 +10,12 @@ import signal
 import stat
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
+from waiting import wait_for
 
 import hosts.child as child_module
 from hosts.child import ChildUnits
@@ -38,16 +38,6 @@ with open("report.json", "w") as f:
 print("reported", flush=True)
 time.sleep(120)
 """
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float = 20.0) -> bool:
-    """Poll until `predicate` holds or the deadline passes (a bound, never an assertion on time)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def py(code: str) -> list[str]:

@@ -15,10 +15,11 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from hosts.local import LocalHost
 from hosts.park import Task, write_status
@@ -55,16 +56,6 @@ class Clock:
 
     def advance(self, ms: int) -> None:
         self.ms += ms
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
-    """Poll until `predicate` holds or `timeout` seconds pass (a bound, not an assertion on time)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 @pytest.fixture
@@ -191,7 +182,7 @@ def test_a_unit_killed_by_its_cpu_limit_parks_its_lease_resource_limit(tmp_path:
         receipt = lease(lifecycle, clock, "s1")
         host.start(receipt, command=[sys.executable, "-c", "import sys\nsys.stdin.read()\nwhile True: pass\n"],
                    token=TOKEN)
-        assert wait_for(lambda: any(a.kind == "parked resource-limit" for a in host.reconcile()), timeout=30)
+        assert wait_for(lambda: any(a.kind == "parked resource-limit" for a in host.reconcile()), timeout_s=30)
         status, _ = lease_status(lifecycle, receipt.lease.id)
         assert status == "parked"
         parked = [r.event for r in store.read() if r.type == "LeaseParked"]

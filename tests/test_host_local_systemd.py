@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from systemd_manager import SystemdUserManager, systemd_manager  # noqa: F401  (the fixture)
+from waiting import wait_for
 
 from hosts.local import LocalHost
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
@@ -27,15 +28,6 @@ POLITE = ("import signal,sys,time\n"
           "sys.stdin.read()\n"
           "open('ready','w').close()\n"
           "time.sleep(300)\n")
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def now() -> int:
@@ -92,7 +84,7 @@ def test_a_systemd_unit_killed_by_its_cpu_limit_parks_resource_limit(runner) -> 
     receipt = lifecycle.acquire_lease(session_id="s1", expected_generation=1, proxy_authority=proxy())
     host.start(receipt, command=[sys.executable, "-c", "import sys\nsys.stdin.read()\nwhile True: pass\n"],
                token=TOKEN)
-    assert wait_for(lambda: any(a.kind == "parked resource-limit" for a in host.reconcile()), timeout=40)
+    assert wait_for(lambda: any(a.kind == "parked resource-limit" for a in host.reconcile()), timeout_s=40)
     exited = [r.event for r in store.read() if r.type == "UnitExited"]
     assert exited[-1].signal == "SIGXCPU" and exited[-1].outcome == "resource-limit"
 

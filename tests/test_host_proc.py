@@ -7,11 +7,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from hosts.proc import (
     EXIT_OUT_OF_MEMORY,
@@ -30,16 +30,6 @@ from hosts.proc import (
     token_bytes,
 )
 from lifecycle_es.errors import InvalidInputError
-
-
-def wait_for(predicate, timeout_s: float = 10.0) -> bool:
-    """Poll `predicate` until it holds or the deadline passes (a bound, never an assertion on time)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 @pytest.fixture

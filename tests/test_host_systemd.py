@@ -10,13 +10,13 @@ import signal
 import stat
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import msgspec
 import pytest
 from systemd_manager import SystemdUserManager, systemd_manager  # noqa: F401  (a pytest fixture)
+from waiting import wait_for
 
 from hosts.proc import SAFE_PATH, CommandResult, UnitStartError, UnitStopError, pid_alive, proc_stat
 from hosts.rundir import RunDir, open_run_dir
@@ -240,16 +240,6 @@ def test_status_of_handles_it_cannot_see(tmp_path: Path) -> None:
 
 
 # --- against a real systemd user manager -------------------------------------------------------------------
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float = 20.0) -> bool:
-    """Poll until `predicate` holds or the deadline passes (a bound, never an assertion on time)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def py(code: str) -> list[str]:
