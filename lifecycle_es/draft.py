@@ -16,6 +16,7 @@ snapshot could hold one) is only ever thawed shared, where each operation keeps 
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import msgspec
@@ -38,7 +39,7 @@ def _capacity_error(capacity: int) -> RunnerCapacityError:
         f"execution location runner holds {capacity} active leases; settle or park one first")
 
 
-class RunnerDraft:
+class RunnerDraft(abc.ABC):
     """A runner's state while events are folded into it: the fields, mutable, and its leases' operations.
 
     The rules read and set the plain fields directly and change leases only through the methods, each
@@ -74,44 +75,53 @@ class RunnerDraft:
         return state
 
     # The lease operations, per way of keeping them (see the module docstring).
+    @abc.abstractmethod
     def lease(self, lease_id: str) -> Lease | None:
         """The retained lease with this id, if any."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def active_count(self) -> int:
         """How many retained leases are active."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def session_active(self, session_id: str) -> bool:
         """Whether the session holds an active lease."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def active_ids(self) -> tuple[str, ...]:
         """The ids of the active leases, oldest first."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def add_lease(self, lease: Lease, capacity: int) -> None:
         """Retain `lease`; holding `capacity` leases, evict the oldest no longer active (RunnerCapacityError if none).
 
         The capacity is the rules' to pass (``runner.MAX_RETAINED_LEASES``, read when they run).
         """
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def replace_lease(self, old: Lease, new: Lease) -> None:
         """Put `new` where the retained `old` (same id) is."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def park_active(self) -> None:
         """Every active lease becomes parked."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def keep_last(self, count: int) -> None:
         """Retain only the last `count` leases."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def freeze(self) -> RunnerState:
         """The state as a frozen value (the draft may go on folding after)."""
-        raise NotImplementedError
+        ...
 
 
 class _SharedDraft(RunnerDraft):
