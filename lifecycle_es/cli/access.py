@@ -8,10 +8,11 @@ the code expects and a hostile file fails with StoreFormatError, never deeper in
 
 from __future__ import annotations
 
+import argparse
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lifecycle_es import chain
 from lifecycle_es.errors import StoreFormatError, StoreKeyError
@@ -124,3 +125,18 @@ def default_seal(path: str, seal: str | None) -> str | None:
         return seal
     beside = path + ".seal"
     return beside if os.path.lexists(beside) else None
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (0 for a seq, 1 for a count of workers)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is not at least {minimum}")
+        return value
+
+    return parse

@@ -15,20 +15,9 @@ import json
 import os
 from typing import Any
 
-from .access import default_seal, open_store, read_key_file
+from .access import default_seal, int_at_least, open_store, read_key_file
 from .exits import EXIT_DATAERR, EXIT_OK, classify, one_line
 from .render import pairs
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
-    return value
 
 
 def register(subparsers: Any) -> None:
@@ -42,7 +31,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seal", metavar="SEAL", help="the seal file to check (default: FILE.seal when present)")
     parser.add_argument("--key-file", metavar="K", help="the store key: 32 raw bytes or 64 hex characters")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, metavar="N",
+    parser.add_argument("--jobs", type=int_at_least(1), default=os.cpu_count() or 1, metavar="N",
                         help="worker processes, each checking a seq range of the chain and replaying a share of "
                              "the runners (default: %(default)s, the CPUs; a log under 10,000 events a worker "
                              "is audited in this process)")

@@ -23,9 +23,8 @@ import msgspec
 from lifecycle_es.errors import IntegrityError
 from lifecycle_es.store import RecordedEvent
 
-from .access import open_store
+from .access import int_at_least, open_store
 from .exits import EXIT_OK, printable
-from .show import non_negative_int
 
 MAX_FIELD_CHARS = 60
 
@@ -38,7 +37,7 @@ def register(subparsers: Any) -> None:
                     "other processes commit until SIGINT or SIGTERM (exit 0).")
     parser.add_argument("file", metavar="FILE", help="the store file")
     parser.add_argument("--runner", metavar="R", help="only this runner's events")
-    parser.add_argument("--after", type=non_negative_int, default=0, metavar="SEQ",
+    parser.add_argument("--after", type=int_at_least(0), default=0, metavar="SEQ",
                         help="only events after this seq (default: 0, from the start)")
     parser.add_argument("--follow", action="store_true", help="keep printing events as they are committed")
     parser.add_argument("--json", action="store_true", help="one JSON object a line")

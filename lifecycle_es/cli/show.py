@@ -12,20 +12,9 @@ import argparse
 import json
 from typing import Any
 
-from .access import open_store
+from .access import int_at_least, open_store
 from .exits import EXIT_NOINPUT, EXIT_OK, CommandError
 from .render import pairs, short, table
-
-
-def non_negative_int(text: str) -> int:
-    """An argparse type: an integer >= 0 (a seq)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
 
 
 def register(subparsers: Any) -> None:
@@ -36,7 +25,7 @@ def register(subparsers: Any) -> None:
                     "deadline, lease counts), or one runner with its leases. Read-only.")
     parser.add_argument("file", metavar="FILE", help="the store file")
     parser.add_argument("runner", metavar="RUNNER", nargs="?", help="one runner id (default: the whole fleet)")
-    parser.add_argument("--at", type=non_negative_int, metavar="SEQ", help="as of this seq (default: the head)")
+    parser.add_argument("--at", type=int_at_least(0), metavar="SEQ", help="as of this seq (default: the head)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
