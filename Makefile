@@ -4,14 +4,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench dist clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# setuptools warns, on every editable install, that a folder named like the package may shadow it:
+# here that folder is the package, so the warning says nothing to a user of this Makefile.
+QUIET := PYTHONWARNINGS=ignore::UserWarning
+
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(QUIET) $(BIN)/python -m pip install --quiet --upgrade pip
+	$(QUIET) $(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -24,8 +28,19 @@ test: lint
 	$(BIN)/python -m pytest -m "not slow" -q
 
 bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(QUIET) $(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m benchmarks --quick
 
+# Build the wheel and sdist, install the wheel into a fresh venv, and import the three packages there.
+dist: $(STAMP)
+	rm -rf dist build/dist-venv
+	$(QUIET) $(BIN)/python -m build --quiet --outdir dist . >/dev/null
+	$(PYTHON) -m venv build/dist-venv
+	$(QUIET) build/dist-venv/bin/python -m pip install --quiet dist/*.whl
+	cd build && dist-venv/bin/python -c "import lifecycle_es, projections, hosts, importlib.resources as r; \
+	  assert all(r.files(p).joinpath('py.typed').is_file() for p in ('lifecycle_es', 'projections', 'hosts')); \
+	  print('wheel ok:', lifecycle_es.__version__)"
+	build/dist-venv/bin/lifecycle-es --version
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

@@ -4,6 +4,7 @@ The write side: events, the hash-chained store, the runner lifecycle, receipts a
 side lives in `projections`, the host driver in `hosts`; this package imports neither.
 """
 
+from ._version import __version__ as __version__
 from .authority import assert_lease_authority, lifecycle_profile_from_lease
 from .errors import (
     EXIT_DATAERR,

@@ -29,6 +29,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from lifecycle_es._version import __version__
+
 from .exits import EXIT_OK, EXIT_USAGE, classify
 
 __all__ = ["COMMAND_MODULES", "ArgumentParser", "build_parser", "main"]
@@ -51,6 +53,7 @@ class ArgumentParser(argparse.ArgumentParser):
 def build_parser() -> ArgumentParser:
     """The whole command line: every registered module's subcommands."""
     parser = ArgumentParser(prog=PROG, description="Audit and inspect lifecycle-es event logs.")
+    parser.add_argument("-V", "--version", action="version", version=f"{PROG} {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(f"{__name__}.{name}").register(subparsers)
