@@ -135,6 +135,21 @@ def test_the_guide_is_linked_from_the_front_page_and_lists_every_page() -> None:
         assert f"({name})" in contents, f"docs/README.md does not link {name}"
 
 
+def anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
+def test_the_page_links_lead_somewhere(page: Path) -> None:
+    for target, fragment in re.findall(r"\]\(([^)#\s:]*)(?:#([^)\s]+))?\)", page.read_text()):
+        linked = (page.parent / target).resolve() if target else page
+        assert linked.exists(), f"{page.name} links {target}, which does not exist"
+        if fragment:
+            headings = re.findall(r"^#+ (.+)$", linked.read_text(), flags=re.M)
+            assert fragment in {anchor(heading) for heading in headings}, f"{page.name}: no #{fragment} in {target}"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
 def test_the_page_speaks_the_python_api(page: Path) -> None:
     text = page.read_text()
