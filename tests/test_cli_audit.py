@@ -22,6 +22,7 @@ from test_cli_logs import (
     attack,
     audit_json,
     copy_store,
+    edit_caches,
     fleet_in,
     long_in,
     one_error_line,
@@ -32,6 +33,7 @@ from test_cli_logs import (
 from lifecycle_es import EventStore, ProxyAuthority
 from lifecycle_es.cli.render import PROGRESS_MIN_TOTAL, Progress
 from lifecycle_es.events import DrainRequested, LeaseAcquired, LeaseSettled
+from lifecycle_es.replay import TAG_BYTES
 
 FleetLog = tuple[Path, dict[str, int]]
 
@@ -146,19 +148,71 @@ def test_snapshots_and_read_models_are_checked_against_the_replay(fleet_log: Fle
     conn = apsw.Connection(str(snapshot), flags=apsw.SQLITE_OPEN_READONLY)
     ((seq, state),) = conn.execute("SELECT seq, state FROM snapshots WHERE stream = 'runner-2'").fetchall()
     conn.close()
-    changed = json.loads(state)
+    changed = json.loads(state[TAG_BYTES:])
     changed["generation"] += 7
-    attack(snapshot, ("UPDATE snapshots SET state = ? WHERE stream = 'runner-2'", (json.dumps(changed).encode(),)))
+    edit_caches(snapshot, ("UPDATE snapshots SET state = ? WHERE stream = 'runner-2'",
+                      (state[:TAG_BYTES] + json.dumps(changed).encode(),)))
     code, report = audit_json(snapshot)
-    assert code == 65 and report["first_bad_seq"] == seq
-    assert "snapshot of 'runner-2' differs from the replayed state" in report["reason"]
+    assert code == 65 and report["first_bad_seq"] == seq and report["stream"] == "runner-2"
+    assert "snapshot of 'runner-2' has a tag that does not verify" in report["reason"]
 
     model = copy_store(fleet_log[0], tmp_path / "model.db")
-    attack(model, ("UPDATE runners SET generation = generation + 1 WHERE runner_id = 'runner-1'", ()))
+    edit_caches(model, ("UPDATE runners SET generation = generation + 1 WHERE runner_id = 'runner-1'", ()))
     code, report = audit_json(model)
     assert code == 65 and report["stream"] == "runner-1"
     assert "read model: runners row differs from the replay" in report["reason"]
 
+
+
+def private_key_file(directory: Path) -> Path:
+    """The keyed store's key as 64 hex characters, in a file only its owner may read."""
+    path = directory / "store.key"
+    path.write_text(KEY.hex())
+    path.chmod(0o600)
+    return path
+
+
+def test_a_forged_snapshot_in_a_keyed_store_fails_the_audit_and_rebuild_rewrites_it(keyed_log: Path,
+                                                                                      tmp_path: Path) -> None:
+    key_file = private_key_file(tmp_path)
+    path = copy_store(keyed_log, tmp_path / "forged.db")
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    ((seq, state),) = conn.execute("SELECT seq, state FROM snapshots WHERE stream = 'runner-2'").fetchall()
+    conn.close()
+    # Whoever lacks the key edits the state and keeps everything else: the tag no longer covers it.
+    changed = json.loads(state[TAG_BYTES:])
+    changed["resources"] = {"cpu_seconds": 86_400, "memory_bytes": 64 << 30}
+    edit_caches(path, ("UPDATE snapshots SET state = ? WHERE stream = 'runner-2'",
+                  (state[:TAG_BYTES] + json.dumps(changed).encode(),)))
+    code, report = audit_json(path, "--key-file", str(key_file))
+    assert code == 65 and report["first_bad_seq"] == seq and report["stream"] == "runner-2"
+    assert "has a tag that does not verify" in report["reason"] and "under its key" in report["reason"]
+
+    done = run("rebuild", path)  # a keyed store's snapshots need its key to be tagged
+    assert done.returncode == 77 and "--key-file" in one_error_line(done)
+    assert audit_json(path, "--key-file", str(key_file))[0] == 65  # and nothing was rewritten
+    done = run("rebuild", path, "--key-file", key_file)
+    assert done.returncode == 0, done.stderr
+    code, report = audit_json(path, "--key-file", str(key_file))
+    assert code == 0 and report["snapshots_checked"] == 3 and report["warnings"] == []
+
+
+def test_a_snapshot_from_before_snapshots_were_tagged_is_a_warning_when_it_equals_the_replay(
+        fleet_log: FleetLog, tmp_path: Path) -> None:
+    path = copy_store(fleet_log[0], tmp_path / "old-format.db")
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    ((seq, state),) = conn.execute("SELECT seq, state FROM snapshots WHERE stream = 'runner-1'").fetchall()
+    conn.close()
+    edit_caches(path, ("UPDATE snapshots SET state = ? WHERE stream = 'runner-1'", (state[TAG_BYTES:],)))
+    code, report = audit_json(path)
+    assert code == 0 and report["snapshots_checked"] == 3
+    assert report["warnings"] == [f"snapshot of 'runner-1' at seq {seq} has no tag (written before snapshots were "
+                                  "tagged): commands ignore it; rebuild rewrites it"]
+    changed = json.loads(state[TAG_BYTES:])
+    changed["state"] = "parked"
+    edit_caches(path, ("UPDATE snapshots SET state = ? WHERE stream = 'runner-1'", (json.dumps(changed).encode(),)))
+    code, report = audit_json(path)
+    assert code == 65 and report["stream"] == "runner-1" and "differs from the replayed state" in report["reason"]
 
 def test_a_keyed_store_needs_its_key_and_never_shows_it(keyed_log: Path, tmp_path: Path) -> None:
     raw = tmp_path / "raw.key"

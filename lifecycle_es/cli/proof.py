@@ -7,7 +7,8 @@ What it proves, in one read transaction (one consistent view of the file):
 - the rules: every event replayed through ``lifecycle_es.replay.fold_row`` per stream, versions
   contiguous, a stream's first event naming its own runner, and no stream left with a park pending
   (the RunnerParked that must follow in the same transaction is missing);
-- the caches: each snapshot equals the replayed state at its seq (``SnapshotCheck``), and the read
+- the caches: each snapshot's tag verifies and its state equals the replayed state at its seq
+  (``SnapshotCheck``), and the read
   models equal the replay as of the seq they record (``check_read_models``);
 - the seal: the log still holds the sealed hash at the sealed seq.
 
@@ -176,8 +177,9 @@ def _check_caches(store: EventStore, report: AuditReport, snapshots: SnapshotChe
     report.caches_checked = True
     try:
         with translated("check snapshots"):
-            for seq, reason in snapshots.finish():
-                report.add(seq, None, reason)
+            for seq, stream, reason in snapshots.finish():
+                report.add(seq, stream, reason)
+            report.warnings += snapshots.warnings
             # SnapshotCheck looks up the snapshots of the log's streams; one of a stream the log does not
             # have would be loaded by nobody, but it is not the replay's either.
             for stream, seq in store.backend.execute("SELECT stream, seq FROM snapshots ORDER BY seq"):
