@@ -395,6 +395,10 @@ def test_a_keyed_store_opened_without_its_key_proves_no_snapshot(keyed: Fleet) -
         assert state_at(unkeyed, "runner-a") == replay(unkeyed)["runner-a"]
         with pytest.raises(StoreKeyError):
             SnapshotCheck(unkeyed)  # the audit's check must not pass for want of a key
+    before = _raw_snapshot(keyed.path, "runner-a")
+    with EventStore.open(keyed.path) as unkeyed, pytest.raises(StoreKeyError):
+        rebuild(unkeyed)  # it could tag no snapshot: it changes nothing
+    assert _raw_snapshot(keyed.path, "runner-a") == before
 
 
 def test_a_snapshot_copied_from_another_store_or_stream_is_refused(mixed: Fleet, tmp_path: Path) -> None:
