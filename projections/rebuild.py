@@ -8,21 +8,23 @@ the caches equal a replay.
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
 from lifecycle_es.replay import Folded, fold_log, proven_state, write_snapshot
 from lifecycle_es.runner import RunnerState, decode_state, encode_state
 from lifecycle_es.store import EventStore, RecordedEvent
+from lifecycle_es.values import shown
 
 from .read_models import (
     INDEXES,
+    LEASE_COLUMNS,
+    RUNNER_COLUMNS,
     ReadModels,
     create_tables,
     lease_row,
-    read_lease_rows,
-    read_runner_rows,
+    read_every_row,
     runner_row,
     write_runner,
 )
@@ -134,26 +136,59 @@ def _untagged(blob: object) -> bool:
 
 
 def check_read_models(store: EventStore, states: dict[str, tuple[RunnerState, int, int]]) -> list[tuple[str, str]]:
-    """Compare the ``runners``/``leases`` tables with replayed states ``{id: (state, version, seq)}``.
+    """Compare every row of ``runners`` and ``leases`` with replayed states ``{id: (state, version, seq)}``.
 
-    `states` must be the replay as of `read_model_position(store)` (the read models may lag the log
-    when events were appended without them attached; they catch up on the next attach). Returns
-    (runner id, what differs) pairs; empty when the tables equal the replay or do not exist.
+    `states` is the replay as of the seq the read models say they applied (they lag the log while
+    events are appended without them attached, and catch up on the next attach). Every row is compared,
+    whatever that seq: a row that differs, one the replay has and the table lacks, one the table has and
+    the replay lacks (a lease row of a runner without a runners row included), one stored twice.
+    Returns (runner id, what differs) pairs, naming the lease and the columns; empty when the tables
+    equal the replay or do not exist.
     """
-    rows = read_runner_rows(store)
     problems: list[tuple[str, str]] = []
+    runners: dict[Any, tuple[Any, ...]] = {}
+    for row in read_every_row(store, "runners"):
+        if row[0] in runners:
+            problems.append((row[0], "runners row stored twice"))
+        runners[row[0]] = row
+    leases: dict[Any, dict[Any, tuple[Any, ...]]] = {}
+    for row in read_every_row(store, "leases"):
+        by_id = leases.setdefault(row[0], {})
+        if row[1] in by_id:
+            problems.append((row[0], f"leases row {shown(row[1])} stored twice"))
+        by_id[row[1]] = row
     for runner_id, (state, version, seq) in sorted(states.items()):
-        row = rows.pop(runner_id, None)
+        row = runners.pop(runner_id, None)
         if row is None:
             problems.append((runner_id, "no runners row"))
-            continue
-        if row != runner_row(state, version, seq):
-            problems.append((runner_id, "runners row differs from the replay"))
-        wanted = sorted(lease_row(runner_id, lease) for lease in state.leases)
-        if read_lease_rows(store, runner_id) != wanted:
-            problems.append((runner_id, "leases rows differ from the replay"))
-    problems.extend((runner_id, "runners row for a runner the log does not have") for runner_id in sorted(rows))
+        else:
+            wanted = runner_row(state, version, seq)
+            if row != wanted:
+                problems.append((runner_id, f"runners row differs from the replay: "
+                                            f"{_differences(RUNNER_COLUMNS, row, wanted)}"))
+        retained = {lease.id: lease_row(runner_id, lease) for lease in state.leases}
+        stored = leases.pop(runner_id, {})
+        for lease_id in sorted(retained.keys() | stored.keys(), key=str):
+            found, wanted = stored.get(lease_id), retained.get(lease_id)
+            if found is None:
+                problems.append((runner_id, f"no leases row for lease {shown(lease_id)}"))
+            elif wanted is None:
+                problems.append((runner_id, f"leases row {shown(lease_id)} for a lease the replay does not retain"))
+            elif found != wanted:
+                problems.append((runner_id, f"leases row {shown(lease_id)} differs from the replay: "
+                                            f"{_differences(LEASE_COLUMNS, found, wanted)}"))
+    problems.extend((runner_id, "runners row for a runner the replay does not have")
+                    for runner_id in sorted(runners, key=str))
+    problems.extend((runner_id, f"leases row {shown(lease_id)} for a runner the replay does not have")
+                    for runner_id, stored in sorted(leases.items(), key=lambda item: str(item[0]))
+                    for lease_id in sorted(stored, key=str))
     return problems
+
+
+def _differences(columns: tuple[str, ...], found: tuple[Any, ...], wanted: tuple[Any, ...]) -> str:
+    """The columns where a stored row differs from the replay's: ``name stored (replay: value)``."""
+    return ", ".join(f"{name} {shown(have)} (replay: {shown(want)})"
+                     for name, have, want in zip(columns, found, wanted, strict=True) if have != want)
 
 
 def read_model_position(store: EventStore) -> int | None:

@@ -164,6 +164,48 @@ def test_snapshots_and_read_models_are_checked_against_the_replay(fleet_log: Fle
 
 
 
+
+READ_MODEL_FORGERIES = {
+    "a lease's status changed": (
+        [("UPDATE leases SET status = 'active' WHERE runner_id = 'runner-2' AND status = 'parked'", ())],
+        "runner-2", "differs from the replay: status 'active' (replay: 'parked')"),
+    "the position dropped, a runner forged": (
+        [("DROP TABLE read_model_position", ()),
+         ("UPDATE runners SET state = 'parked', generation = 99 WHERE runner_id = 'runner-1'", ())],
+        "runner-1", "runners row differs from the replay: state 'parked' (replay: 'accepting'), generation 99"),
+    "the position row deleted, a runner forged": (
+        [("DELETE FROM read_model_position", ()),
+         ("UPDATE runners SET state = 'parked', generation = 99 WHERE runner_id = 'runner-1'", ())],
+        "runner-1", "runners row for a runner the replay does not have (as of seq 0)"),
+    "a lease of a runner without a runners row": (
+        [("INSERT INTO leases VALUES ('runner-9', 'lease-9', 's-9', 1, '2026-01-01T00:00:00.000Z',"
+          " '2026-01-01T00:10:00.000Z', 'active', NULL, NULL)", ())],
+        "runner-9", "leases row 'lease-9' for a runner the replay does not have"),
+    "a lease row missing": (
+        [("DELETE FROM leases WHERE runner_id = 'runner-0' AND lease_id = 'lease-0001'", ())],
+        "runner-0", "no leases row for lease 'lease-0001'"),
+    "a runners row extra": (
+        [("INSERT INTO runners SELECT 'runner-7', target, state, accepting, generation, policy_revision, base_dir,"
+          " cpu_seconds, memory_bytes, proxy_id, proxy_revision, post_session_hook_digest, drain_signal,"
+          " drain_requested_at, drain_deadline_at, active_lease_count, parked_lease_count, settled_lease_count,"
+          " updated_at, version, seq FROM runners WHERE runner_id = 'runner-0'", ())],
+        "runner-7", "runners row for a runner the replay does not have"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(READ_MODEL_FORGERIES))
+def test_every_read_model_row_is_compared_whatever_the_position_says(fleet_log: FleetLog, tmp_path: Path,
+                                                                    case: str) -> None:
+    statements, runner, reason = READ_MODEL_FORGERIES[case]
+    path = copy_store(fleet_log[0], tmp_path / "models.db")
+    edit_caches(path, *statements)
+    code, report = audit_json(path)
+    assert code == 65, report
+    assert any(problem["stream"] == runner and reason in problem["reason"] for problem in report["problems"]), report
+    # show answers from the replay, never from the read models: the forgery is not what it prints.
+    shown = json.loads(run("show", path, "--json").stdout)
+    assert shown["runners"]["runner-1"]["state"] == "accepting" and "runner-7" not in shown["runners"]
+
 def private_key_file(directory: Path) -> Path:
     """The keyed store's key as 64 hex characters, in a file only its owner may read."""
     path = directory / "store.key"

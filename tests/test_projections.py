@@ -159,10 +159,43 @@ def test_read_models_equal_a_replay_after_mixed_commands(mixed: Fleet) -> None:
     assert sorted(states) == sorted(RUNNERS)
     assert check_read_models(store, states) == []
     # The check is able to fail: a row edited behind the projection's back is reported.
+    parked = next(lease.id for lease in states["runner-a"][0].leases if lease.status == "parked")
     store.backend.execute("UPDATE runners SET generation = generation + 1 WHERE runner_id = 'runner-c'")
     store.backend.execute("DELETE FROM leases WHERE runner_id = 'runner-a' AND status = 'parked'")
-    assert check_read_models(store, states) == [("runner-a", "leases rows differ from the replay"),
-                                                ("runner-c", "runners row differs from the replay")]
+    assert check_read_models(store, states) == [
+        ("runner-a", f"no leases row for lease {parked!r}"),
+        ("runner-c", "runners row differs from the replay: generation 4 (replay: 3)")]
+
+
+def test_every_read_model_row_is_compared_with_the_replay(mixed: Fleet) -> None:
+    store = mixed.store
+    states = replayed(store)
+    active = next(lease for lease in states["runner-e"][0].leases if lease.status == "active")
+    forged = [
+        ("UPDATE leases SET status = 'settled' WHERE lease_id = ?", (active.id,)),
+        ("INSERT INTO leases VALUES ('runner-z', 'lease-z', 's', 1, '2026-01-01T00:00:00.000Z',"
+         " '2026-01-01T00:10:00.000Z', 'active', NULL, NULL)", ()),
+        ("INSERT INTO leases SELECT runner_id, 'lease-extra', session_id, generation, issued_at, expires_at, status,"
+         " result_digest, hook_receipt_digest FROM leases WHERE lease_id = ?", (active.id,)),
+        ("DELETE FROM runners WHERE runner_id = 'runner-d'", ()),
+        ("INSERT INTO runners SELECT 'runner-y', target, state, accepting, generation, policy_revision, base_dir,"
+         " cpu_seconds, memory_bytes, proxy_id, proxy_revision, post_session_hook_digest, drain_signal,"
+         " drain_requested_at, drain_deadline_at, active_lease_count, parked_lease_count, settled_lease_count,"
+         " updated_at, version, seq FROM runners WHERE runner_id = 'runner-a'", ()),
+    ]
+    editor = apsw.Connection(mixed.path)  # as anyone with write access: no foreign keys enforced
+    try:
+        for sql, params in forged:
+            editor.execute(sql, params)
+    finally:
+        editor.close()
+    assert sorted(check_read_models(store, states)) == sorted([
+        ("runner-d", "no runners row"),
+        ("runner-e", "leases row 'lease-extra' for a lease the replay does not retain"),
+        ("runner-e", f"leases row {active.id!r} differs from the replay: status 'settled' (replay: 'active')"),
+        ("runner-y", "runners row for a runner the replay does not have"),
+        ("runner-z", "leases row 'lease-z' for a runner the replay does not have"),
+    ])
 
 
 def test_read_model_rows_answer_plain_sql(mixed: Fleet) -> None:
