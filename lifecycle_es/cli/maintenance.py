@@ -17,7 +17,7 @@ from typing import Any
 from lifecycle_es.store import EventStore
 
 from .access import check_tables, open_store, read_key_file, require_file
-from .exits import EXIT_OK
+from .exits import EXIT_OK, printable
 
 
 def register(subparsers: Any) -> None:
@@ -52,8 +52,8 @@ def run_rebuild(args: argparse.Namespace) -> int:
     with EventStore.open(args.file, key=key) as store:
         check_tables(store.backend)
         report = rebuild(store)
-    print(f"rebuilt {args.file} from {report.events:,} events: {report.runners:,} runners in the read models, "
-          f"{report.snapshots:,} snapshots, in {report.seconds:.2f} s")
+    print(printable(f"rebuilt {args.file} from {report.events:,} events: {report.runners:,} runners in the read "
+                    f"models, {report.snapshots:,} snapshots, in {report.seconds:.2f} s"))
     return EXIT_OK
 
 
@@ -69,5 +69,5 @@ def run_seal(args: argparse.Namespace) -> int:
             verified = store.verify(key=key)
     checked = "not verified" if verified is None else (
         f"{verified.events:,} events verified in {time.perf_counter() - started:.2f} s")
-    print(f"sealed {args.file} at seq {sealed.seq:,}, hash {sealed.hash} ({checked}) -> {args.file}.seal")
+    print(printable(f"sealed {args.file} at seq {sealed.seq:,}, hash {sealed.hash} ({checked}) -> {args.file}.seal"))
     return EXIT_OK
