@@ -38,6 +38,8 @@ class Folded(NamedTuple):
 
 
 EMPTY = Folded(None, 0, 0)
+# A stored snapshot's state column: its tag (`EventStore.snapshot_tag`), then the state's bytes.
+TAG_BYTES = chain.HASH_BYTES
 # A Fold re-keeps its draft's leases keyed after this many events: copying a runner's leases into a
 # dict once costs about what a handful of events cost copying tuples (a catch-up of one or two events
 # never pays it).
@@ -73,9 +75,6 @@ def fold_row(state: RunnerState | None, seq: int, stream: str, type_: str, at: s
         raise
     except (LifecycleError, ValueError) as exc:
         raise IntegrityError(seq, f"{type_} breaks the rules: {exc}", stream=stream) from None
-
-
-TAG_BYTES = chain.HASH_BYTES
 
 
 def snapshot_blob(store: EventStore, stream: str, version: int, seq: int, event_hash: bytes, state: bytes) -> bytes:
