@@ -4,7 +4,8 @@
 frame is length-prefixed (integers as 8 bytes, byte strings behind an 8-byte length), so no two field
 lists frame alike. The ``prev`` of seq 1 is derived from the store's random id, so an event cannot be
 spliced from one store into another. In keyed mode every hash is blake3's keyed hash under a 32-byte
-key: whoever edits the file without the key cannot forge a chain that verifies.
+key: whoever edits the file without the key cannot forge a chain that verifies. A snapshot carries a
+tag made the same way (`snapshot_tag`), so a state nobody can prove is never folded from.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .errors import IntegrityError
 EVENT_DOMAIN = b"lifecycle-es/event/v1\x00"
 GENESIS_DOMAIN = b"lifecycle-es/genesis/v1\x00"
 SEAL_DOMAIN = b"lifecycle-es/seal/v1\x00"
+SNAPSHOT_DOMAIN = b"lifecycle-es/snapshot/v1\x00"
 KEY_ID_CONTEXT = "lifecycle-es 2026-12 key id v1"
 KEY_BYTES = 32
 HASH_BYTES = 32
@@ -158,3 +160,24 @@ def seal_mac(key: bytes | None, payload: bytes) -> str:
     hasher.update(SEAL_DOMAIN)
     hasher.update(payload)
     return hasher.hexdigest()
+
+
+def snapshot_tag(store_id: bytes, stream: str, version: int, seq: int, event_hash: bytes, state: bytes,
+                 key: bytes | None = None) -> bytes:
+    """The tag of a snapshot: a MAC under `key` (keyed), a hash (unkeyed), over all it claims.
+
+    ``blake3(SNAPSHOT_DOMAIN || store_id || stream || version || seq || event_hash || state)``, each byte
+    string behind its 8-byte length and each integer as 8 bytes (as `frame` does), so no two snapshots
+    frame alike: the store id binds it to its store, the rest to its stream, its place in the log and
+    its state's bytes. Fields no frame can hold (a row edited outside the store) raise ValueError.
+    """
+    try:
+        stream_b = stream.encode()
+        hasher = _hasher(key)
+        hasher.update(SNAPSHOT_DOMAIN + _U64.pack(len(store_id)) + store_id + _U64.pack(len(stream_b)) + stream_b
+                      + _U64.pack(version) + _U64.pack(seq) + _U64.pack(len(event_hash)) + bytes(event_hash)
+                      + _U64.pack(len(state)))
+        hasher.update(state)
+    except (struct.error, TypeError, AttributeError, UnicodeError) as exc:
+        raise ValueError(f"a snapshot field cannot be framed: {exc}") from None
+    return hasher.digest()

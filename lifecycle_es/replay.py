@@ -1,22 +1,29 @@
 """Rebuilding a runner's state from its events: from the start, or from a verified snapshot.
 
-A snapshot is a cache: ``(stream, version, seq, state bytes, hash of the event at seq)``. It is only
-trusted when the log still holds that hash at that seq for that stream and version; otherwise it is
-ignored (and `projections.rebuild` writes a fresh one). A replay that meets an event the rules could
-not have produced raises IntegrityError at that event's seq.
+A snapshot is a cache: ``(stream, version, seq, tag || state bytes, hash of the event at seq)``. The
+tag (``EventStore.snapshot_tag``: a MAC under the store's key when keyed, bound in every mode to the
+store, the stream, the version, the seq, the event's hash and the state's bytes) proves who wrote it:
+a command only acts on state it can prove, so a snapshot is only folded from when its tag verifies and
+the log still holds that hash at that seq for that stream and version. Any other snapshot (edited,
+copied from another store or stream, written before snapshots were tagged, or read without the key)
+is ignored: the runner is replayed from its first event, and the next snapshot or `projections.rebuild`
+writes over it. A replay that meets an event the rules could not have produced raises IntegrityError
+at that event's seq.
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import msgspec
 
+from . import chain
 from .backend import Row
 from .canonical import parse_iso_ms
 from .draft import RunnerDraft, is_keyed, thaw
-from .errors import IntegrityError, LifecycleError, StoreError
+from .errors import IntegrityError, LifecycleError, StoreError, StoreKeyError
 from .events import Event, decode, type_of
 from .runner import RunnerState, apply, decode_state, encode_state, start, step
 from .store import PAGE, EventStore, RecordedEvent
@@ -31,6 +38,8 @@ class Folded(NamedTuple):
 
 
 EMPTY = Folded(None, 0, 0)
+# A stored snapshot's state column: its tag (`EventStore.snapshot_tag`), then the state's bytes.
+TAG_BYTES = chain.HASH_BYTES
 # A Fold re-keeps its draft's leases keyed after this many events: copying a runner's leases into a
 # dict once costs about what a handful of events cost copying tuples (a catch-up of one or two events
 # never pays it).
@@ -68,15 +77,45 @@ def fold_row(state: RunnerState | None, seq: int, stream: str, type_: str, at: s
         raise IntegrityError(seq, f"{type_} breaks the rules: {exc}", stream=stream) from None
 
 
+def snapshot_blob(store: EventStore, stream: str, version: int, seq: int, event_hash: bytes, state: bytes) -> bytes:
+    """What the snapshots table holds as a snapshot's state: its tag, then the state's bytes."""
+    return store.snapshot_tag(stream, version, seq, event_hash, state) + state
+
+
+def proven_state(store: EventStore, stream: str, version: int, seq: int, blob: bytes, event_hash: bytes, *,
+                 strict: bool = False) -> bytes | None:
+    """The state bytes of a stored snapshot of `stream` when its tag proves them, else None.
+
+    A tag proves the snapshot was written by this store (by its key's holder when keyed) for this
+    stream, version, seq and event. A keyed store opened without its key proves none: None, or with
+    `strict` the StoreKeyError that says so (a check that must not pass for want of a key).
+    """
+    if not isinstance(blob, bytes) or len(blob) <= TAG_BYTES:
+        return None
+    state = blob[TAG_BYTES:]
+    try:
+        wanted = store.snapshot_tag(stream, version, seq, event_hash, state)
+    except StoreKeyError:
+        if strict:
+            raise
+        return None
+    except ValueError:  # fields no frame can hold: a row edited outside the store
+        return None
+    return state if hmac.compare_digest(blob[:TAG_BYTES], wanted) else None
+
+
 def snapshot_of(store: EventStore, stream: str) -> Folded | None:
-    """The stream's snapshot, if there is one and the log still holds the event it was taken at."""
+    """The stream's snapshot, if there is one, its tag proves it, and the log still holds its event."""
     try:
         found = store.backend.snapshot(stream)
     except StoreError:
         return None
     if found is None:
         return None
-    version, seq, data, event_hash = found
+    version, seq, blob, event_hash = found
+    data = proven_state(store, stream, version, seq, blob, event_hash)
+    if data is None:
+        return None
     recorded = store.event_at(seq)
     if recorded is None or recorded.hash != event_hash or recorded.stream != stream or recorded.version != version:
         return None
@@ -210,7 +249,14 @@ def fold_log(store: EventStore, *, until_seq: int | None = None) -> dict[str, Fo
     return folds
 
 
-def write_snapshot(store: EventStore, stream: str, folded: Folded, event_hash: bytes) -> None:
-    """Store a snapshot of `folded` (inside the current write transaction)."""
-    if folded.state is not None and folded.state.pending_park is None:
-        store.backend.put_snapshot(stream, folded.version, folded.seq, encode_state(folded.state), event_hash)
+def write_snapshot(store: EventStore, stream: str, folded: Folded, event_hash: bytes) -> bool:
+    """Store a tagged snapshot of `folded` (inside the current write transaction); whether one was written.
+
+    A state with a park pending is never a snapshot (the RunnerParked that follows belongs with it).
+    A keyed store opened without its key cannot tag one: StoreKeyError.
+    """
+    if folded.state is None or folded.state.pending_park is not None:
+        return False
+    blob = snapshot_blob(store, stream, folded.version, folded.seq, event_hash, encode_state(folded.state))
+    store.backend.put_snapshot(stream, folded.version, folded.seq, blob, event_hash)
+    return True

@@ -491,6 +491,17 @@ class EventStore:
         """Close the store; later calls fail."""
         self._backend.close()
 
+    def snapshot_tag(self, stream: str, version: int, seq: int, event_hash: bytes, state: bytes) -> bytes:
+        """The tag a snapshot of `stream` at `version`/`seq` (the event hashed `event_hash`) of `state` carries.
+
+        ``chain.snapshot_tag`` under this store's id, and its key when keyed: only the key holder can tag
+        a snapshot of a keyed store, so one opened without its key proves none (StoreKeyError). ValueError
+        for a field no frame can hold.
+        """
+        if self.key_id is not None and self._key is None:
+            raise StoreKeyError("this keyed store was opened without its key: its snapshots cannot be proven")
+        return chain.snapshot_tag(self.store_id, stream, version, seq, event_hash, state, self._key)
+
 
 def check_link(recorded: RecordedEvent, *, expected_seq: int, prev: bytes, key: bytes | None,
                versions: dict[str, int]) -> None:

@@ -12,7 +12,15 @@ from lifecycle_es.replay import fold, load
 from lifecycle_es.runner import apply
 
 from .fleet import FleetView, fleet, fleet_of, replay, replay_all, runner_at, state_at
-from .read_models import LEASE_COLUMNS, RUNNER_COLUMNS, ReadModels, attach, read_lease_rows, read_runner_rows
+from .read_models import (
+    LEASE_COLUMNS,
+    RUNNER_COLUMNS,
+    ReadModels,
+    attach,
+    read_lease_rows,
+    read_model_tables,
+    read_runner_rows,
+)
 from .rebuild import RebuildReport, SnapshotCheck, check_read_models, read_model_position, rebuild
 
 __all__ = [
@@ -32,6 +40,7 @@ __all__ = [
     "project",
     "read_lease_rows",
     "read_model_position",
+    "read_model_tables",
     "read_runner_rows",
     "rebuild",
     "replay",

@@ -23,6 +23,7 @@ from lifecycle_es.state import lease_counts
 from lifecycle_es.store import EventStore, RecordedEvent
 
 POSITION_NAME = "read_models"
+TABLE_NAMES = ("runners", "leases", "read_model_position")
 
 TABLES = (
     "CREATE TABLE IF NOT EXISTS runners ("
@@ -172,21 +173,37 @@ def attach(store: EventStore) -> ReadModels:
 
 def read_runner_rows(store: EventStore) -> dict[str, tuple[Any, ...]]:
     """Every ``runners`` row by runner id (empty if the tables do not exist)."""
-    if not _exists(store):
-        return {}
-    rows = store.backend.execute(f"SELECT {', '.join(RUNNER_COLUMNS)} FROM runners")
-    return {row[0]: tuple(row) for row in rows}
+    return {row[0]: row for row in read_every_row(store, "runners")}
 
 
 def read_lease_rows(store: EventStore, runner_id: str) -> list[tuple[Any, ...]]:
     """A runner's ``leases`` rows, ordered by lease id."""
-    if not _exists(store):
+    if not _exists(store, "leases"):
         return []
     rows = store.backend.execute(
         f"SELECT {', '.join(LEASE_COLUMNS)} FROM leases WHERE runner_id = ? ORDER BY lease_id", (runner_id,))
     return [tuple(row) for row in rows]
 
 
-def _exists(store: EventStore) -> bool:
-    rows = store.backend.execute("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'runners'")
+def read_every_row(store: EventStore, table: str) -> list[tuple[Any, ...]]:
+    """Every row of ``runners`` or ``leases``, in key order, as stored (duplicates too, should the file hold any).
+
+    Empty when the table does not exist.
+    """
+    columns = {"runners": RUNNER_COLUMNS, "leases": LEASE_COLUMNS}[table]
+    if not _exists(store, table):
+        return []
+    key = "runner_id" if table == "runners" else "runner_id, lease_id"
+    return [tuple(row) for row in store.backend.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY {key}")]
+
+
+def read_model_tables(store: EventStore) -> set[str]:
+    """Which of the read models' tables (``runners``, ``leases``, ``read_model_position``) the file holds."""
+    rows = store.backend.execute(
+        "SELECT name FROM sqlite_schema WHERE type = 'table' AND name IN (?, ?, ?)", TABLE_NAMES)
+    return {row[0] for row in rows}
+
+
+def _exists(store: EventStore, table: str) -> bool:
+    rows = store.backend.execute("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (table,))
     return bool(rows)

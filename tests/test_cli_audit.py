@@ -22,6 +22,7 @@ from test_cli_logs import (
     attack,
     audit_json,
     copy_store,
+    edit_caches,
     fleet_in,
     long_in,
     one_error_line,
@@ -32,6 +33,7 @@ from test_cli_logs import (
 from lifecycle_es import EventStore, ProxyAuthority
 from lifecycle_es.cli.render import PROGRESS_MIN_TOTAL, Progress
 from lifecycle_es.events import DrainRequested, LeaseAcquired, LeaseSettled
+from lifecycle_es.replay import TAG_BYTES
 
 FleetLog = tuple[Path, dict[str, int]]
 
@@ -146,19 +148,113 @@ def test_snapshots_and_read_models_are_checked_against_the_replay(fleet_log: Fle
     conn = apsw.Connection(str(snapshot), flags=apsw.SQLITE_OPEN_READONLY)
     ((seq, state),) = conn.execute("SELECT seq, state FROM snapshots WHERE stream = 'runner-2'").fetchall()
     conn.close()
-    changed = json.loads(state)
+    changed = json.loads(state[TAG_BYTES:])
     changed["generation"] += 7
-    attack(snapshot, ("UPDATE snapshots SET state = ? WHERE stream = 'runner-2'", (json.dumps(changed).encode(),)))
+    edit_caches(snapshot, ("UPDATE snapshots SET state = ? WHERE stream = 'runner-2'",
+                      (state[:TAG_BYTES] + json.dumps(changed).encode(),)))
     code, report = audit_json(snapshot)
-    assert code == 65 and report["first_bad_seq"] == seq
-    assert "snapshot of 'runner-2' differs from the replayed state" in report["reason"]
+    assert code == 65 and report["first_bad_seq"] == seq and report["stream"] == "runner-2"
+    assert "snapshot of 'runner-2' has a tag that does not verify" in report["reason"]
 
     model = copy_store(fleet_log[0], tmp_path / "model.db")
-    attack(model, ("UPDATE runners SET generation = generation + 1 WHERE runner_id = 'runner-1'", ()))
+    edit_caches(model, ("UPDATE runners SET generation = generation + 1 WHERE runner_id = 'runner-1'", ()))
     code, report = audit_json(model)
     assert code == 65 and report["stream"] == "runner-1"
     assert "read model: runners row differs from the replay" in report["reason"]
 
+
+
+
+READ_MODEL_FORGERIES = {
+    "a lease's status changed": (
+        [("UPDATE leases SET status = 'active' WHERE runner_id = 'runner-2' AND status = 'parked'", ())],
+        "runner-2", "differs from the replay: status 'active' (replay: 'parked')"),
+    "the position dropped, a runner forged": (
+        [("DROP TABLE read_model_position", ()),
+         ("UPDATE runners SET state = 'parked', generation = 99 WHERE runner_id = 'runner-1'", ())],
+        "runner-1", "runners row differs from the replay: state 'parked' (replay: 'accepting'), generation 99"),
+    "the position row deleted, a runner forged": (
+        [("DELETE FROM read_model_position", ()),
+         ("UPDATE runners SET state = 'parked', generation = 99 WHERE runner_id = 'runner-1'", ())],
+        "runner-1", "runners row for a runner the replay does not have (as of seq 0)"),
+    "a lease of a runner without a runners row": (
+        [("INSERT INTO leases VALUES ('runner-9', 'lease-9', 's-9', 1, '2026-01-01T00:00:00.000Z',"
+          " '2026-01-01T00:10:00.000Z', 'active', NULL, NULL)", ())],
+        "runner-9", "leases row 'lease-9' for a runner the replay does not have"),
+    "a lease row missing": (
+        [("DELETE FROM leases WHERE runner_id = 'runner-0' AND lease_id = 'lease-0001'", ())],
+        "runner-0", "no leases row for lease 'lease-0001'"),
+    "a runners row extra": (
+        [("INSERT INTO runners SELECT 'runner-7', target, state, accepting, generation, policy_revision, base_dir,"
+          " cpu_seconds, memory_bytes, proxy_id, proxy_revision, post_session_hook_digest, drain_signal,"
+          " drain_requested_at, drain_deadline_at, active_lease_count, parked_lease_count, settled_lease_count,"
+          " updated_at, version, seq FROM runners WHERE runner_id = 'runner-0'", ())],
+        "runner-7", "runners row for a runner the replay does not have"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(READ_MODEL_FORGERIES))
+def test_every_read_model_row_is_compared_whatever_the_position_says(fleet_log: FleetLog, tmp_path: Path,
+                                                                    case: str) -> None:
+    statements, runner, reason = READ_MODEL_FORGERIES[case]
+    path = copy_store(fleet_log[0], tmp_path / "models.db")
+    edit_caches(path, *statements)
+    code, report = audit_json(path)
+    assert code == 65, report
+    assert any(problem["stream"] == runner and reason in problem["reason"] for problem in report["problems"]), report
+    # show answers from the replay, never from the read models: the forgery is not what it prints.
+    shown = json.loads(run("show", path, "--json").stdout)
+    assert shown["runners"]["runner-1"]["state"] == "accepting" and "runner-7" not in shown["runners"]
+
+def private_key_file(directory: Path) -> Path:
+    """The keyed store's key as 64 hex characters, in a file only its owner may read."""
+    path = directory / "store.key"
+    path.write_text(KEY.hex())
+    path.chmod(0o600)
+    return path
+
+
+def test_a_forged_snapshot_in_a_keyed_store_fails_the_audit_and_rebuild_rewrites_it(keyed_log: Path,
+                                                                                      tmp_path: Path) -> None:
+    key_file = private_key_file(tmp_path)
+    path = copy_store(keyed_log, tmp_path / "forged.db")
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    ((seq, state),) = conn.execute("SELECT seq, state FROM snapshots WHERE stream = 'runner-2'").fetchall()
+    conn.close()
+    # Whoever lacks the key edits the state and keeps everything else: the tag no longer covers it.
+    changed = json.loads(state[TAG_BYTES:])
+    changed["resources"] = {"cpu_seconds": 86_400, "memory_bytes": 64 << 30}
+    edit_caches(path, ("UPDATE snapshots SET state = ? WHERE stream = 'runner-2'",
+                  (state[:TAG_BYTES] + json.dumps(changed).encode(),)))
+    code, report = audit_json(path, "--key-file", str(key_file))
+    assert code == 65 and report["first_bad_seq"] == seq and report["stream"] == "runner-2"
+    assert "has a tag that does not verify" in report["reason"] and "under its key" in report["reason"]
+
+    done = run("rebuild", path)  # a keyed store's snapshots need its key to be tagged
+    assert done.returncode == 77 and "--key-file" in one_error_line(done)
+    assert audit_json(path, "--key-file", str(key_file))[0] == 65  # and nothing was rewritten
+    done = run("rebuild", path, "--key-file", key_file)
+    assert done.returncode == 0, done.stderr
+    code, report = audit_json(path, "--key-file", str(key_file))
+    assert code == 0 and report["snapshots_checked"] == 3 and report["warnings"] == []
+
+
+def test_a_snapshot_from_before_snapshots_were_tagged_is_a_warning_when_it_equals_the_replay(
+        fleet_log: FleetLog, tmp_path: Path) -> None:
+    path = copy_store(fleet_log[0], tmp_path / "old-format.db")
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    ((seq, state),) = conn.execute("SELECT seq, state FROM snapshots WHERE stream = 'runner-1'").fetchall()
+    conn.close()
+    edit_caches(path, ("UPDATE snapshots SET state = ? WHERE stream = 'runner-1'", (state[TAG_BYTES:],)))
+    code, report = audit_json(path)
+    assert code == 0 and report["snapshots_checked"] == 3
+    assert report["warnings"] == [f"snapshot of 'runner-1' at seq {seq} has no tag (written before snapshots were "
+                                  "tagged): commands ignore it; rebuild rewrites it"]
+    changed = json.loads(state[TAG_BYTES:])
+    changed["state"] = "parked"
+    edit_caches(path, ("UPDATE snapshots SET state = ? WHERE stream = 'runner-1'", (json.dumps(changed).encode(),)))
+    code, report = audit_json(path)
+    assert code == 65 and report["stream"] == "runner-1" and "differs from the replayed state" in report["reason"]
 
 def test_a_keyed_store_needs_its_key_and_never_shows_it(keyed_log: Path, tmp_path: Path) -> None:
     raw = tmp_path / "raw.key"

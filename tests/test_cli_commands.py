@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 from test_cli_logs import (
     CLI,
@@ -24,8 +26,15 @@ from test_cli_logs import (
     run,
 )
 
-from lifecycle_es import EventStore
-from lifecycle_es.events import LeaseSettled
+from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerState
+from lifecycle_es.cli.audit import summary
+from lifecycle_es.cli.exits import one_line, printable
+from lifecycle_es.cli.proof import AuditReport
+from lifecycle_es.cli.show import fleet_text, runner_text
+from lifecycle_es.events import RUNNER_SCHEMA, LeaseAcquired, LeaseSettled, RunnerInitialized
+from lifecycle_es.receipts import project
+from lifecycle_es.state import Lease, ProxyRef
+from projections import fleet_of
 
 FleetLog = tuple[Path, dict[str, int]]
 
@@ -113,6 +122,76 @@ def test_events_as_json_lines_and_readable(fleet_log: FleetLog) -> None:
     text = run("events", path, "--runner", "runner-0")
     assert text.returncode == 0 and "RunnerInitialized" in text.stdout and "lease_id=lease-0001" in text.stdout
 
+
+# --- bad text: what a hostile file's values can print ---------------------------------------------------
+
+# Controls (C0, DEL, C1) and the bidi and invisible formatting characters a terminal acts on or hides.
+UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+EVIL_LEASE = "lease-\u202egnp.exe"  # shows as "lease-exe.png" on a terminal that honours the override
+EVIL_SESSION = "s\x1b[31m\u2066red\u2069\u200f\x85\x7f"
+
+
+def unescaped(printed: str) -> list[str]:
+    """The characters of `printed` a terminal would act on or hide (its own line breaks aside)."""
+    return UNSAFE.findall(printed.replace("\n", ""))
+
+
+@pytest.fixture(scope="module")
+def bad_text_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A log with a valid chain whose lease and session ids hold bidi and control characters."""
+    path = tmp_path_factory.mktemp("bad-text") / "bad.db"
+    at = "2026-01-01T00:00:00.000Z"
+    proxy = ProxyAuthority(id="proxy-1", revision=1, issued_at=at, expires_at="2026-01-01T01:00:00.000Z")
+    with EventStore.open(path) as store:
+        store.append("runner-x", [
+            RunnerInitialized(schema=RUNNER_SCHEMA, runner_id="runner-x", target="local", base_dir="/srv/runner-x",
+                              resources=Resources(cpu_seconds=600, memory_bytes=1 << 30),
+                              post_session_hook_digest=DIGEST),
+            LeaseAcquired(lease_id=EVIL_LEASE, session_id=EVIL_SESSION, lease_generation=1, issued_at=at,
+                          expires_at="2026-01-01T00:10:00.000Z", proxy_authority=proxy),
+        ], at=at)
+    return path
+
+
+def test_events_escape_control_and_bidi_characters_and_json_keeps_them(bad_text_log: Path) -> None:
+    text = run("events", bad_text_log)
+    assert text.returncode == 0 and not unescaped(text.stdout), ascii(text.stdout)
+    assert "lease_id=lease-\\u202egnp.exe" in text.stdout
+    assert "session_id=s\\x1b[31m\\u2066red\\u2069\\u200f\\x85\\x7f" in text.stdout
+    done = run("events", bad_text_log, "--json")
+    assert done.returncode == 0 and not unescaped(done.stdout), ascii(done.stdout)
+    lines = [json.loads(line) for line in done.stdout.split("\n") if line]
+    assert (lines[1]["event"]["lease_id"], lines[1]["event"]["session_id"]) == (EVIL_LEASE, EVIL_SESSION)
+
+
+def test_show_never_prints_control_or_bidi_characters(bad_text_log: Path) -> None:
+    # Whether the rules accept these ids or refuse them, nothing reaches the terminal unescaped.
+    for args in ((), ("runner-x",)):
+        done = run("show", bad_text_log, *args)
+        printed = done.stdout + done.stderr
+        assert "Traceback" not in done.stderr and not unescaped(printed), ascii(printed)
+        if args:
+            assert "\\u202e" in printed
+
+
+def test_every_human_rendering_escapes_hostile_text() -> None:
+    at = "2026-01-01T00:00:00.000Z"
+    lease = Lease(id=EVIL_LEASE, session_id=EVIL_SESSION, generation=1, issued_at=at, expires_at=at, status="active")
+    state = RunnerState(schema=RUNNER_SCHEMA, runner_id="runner-\u202ex", target="local\u2066", state="accepting",
+                        generation=1, policy_revision=1, base_dir="/srv",
+                        resources=Resources(cpu_seconds=600, memory_bytes=1 << 30),
+                        proxy_authority=ProxyRef(id="proxy\x1b]0;owned\x07", revision=1),
+                        post_session_hook_digest=DIGEST, drain=None, leases=(lease,), updated_at=at)
+    data = {"head_seq": 2, "runner": msgspec.to_builtins(project(state)), "leases": msgspec.to_builtins(state.leases)}
+    fleet = msgspec.to_builtins(fleet_of({state.runner_id: state}, 2))
+    report = AuditReport(path="/tmp/\u202eevil.db", keyed=False)
+    report.add(2, "runner-x", f"lease {EVIL_LEASE} breaks the rules\u2028next line")
+    report.warnings.append(f"session {EVIL_SESSION}")
+    for rendered in (runner_text(data, 2), fleet_text(fleet, 2), summary(report)):
+        assert not unescaped(rendered), ascii(rendered)
+        assert "\\u202e" in rendered
+    assert printable("ok é 中 \u202e\x00\ud800") == "ok é 中 \\u202e\\x00\\ud800"
+    assert one_line("a\u2066b\nc") == "a\\u2066b c"
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
 def test_follow_sees_another_process_commit_and_stops_on_a_signal(fleet_log: FleetLog, tmp_path: Path,

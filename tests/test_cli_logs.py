@@ -173,6 +173,19 @@ def attack(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
         conn.close()
 
 
+def edit_caches(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
+    """Edit the caches (snapshots, read models) as anyone with write access can: plain apsw, nothing else touched.
+
+    Unlike `attack`, the schema stays as the store made it, so what the audit finds is the edit alone.
+    """
+    conn = apsw.Connection(str(path))
+    try:
+        for sql, params in statements:
+            conn.execute(sql, params)
+    finally:
+        conn.close()
+
+
 def row(path: Path, seq: int) -> tuple[Any, ...]:
     """The events row at `seq`: (seq, stream, version, type, at, body, prev, hash)."""
     conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)

@@ -8,6 +8,7 @@ connection of the test's own, dropped, corrupted, and rebuilt.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,8 +20,9 @@ import msgspec
 import pytest
 
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle, RunnerState
+from lifecycle_es.errors import StaleFenceError, StoreKeyError
 from lifecycle_es.receipts import project
-from lifecycle_es.replay import load, snapshot_of
+from lifecycle_es.replay import TAG_BYTES, load, snapshot_blob, snapshot_of
 from lifecycle_es.runner import apply, encode_state
 from projections import (
     SnapshotCheck,
@@ -157,10 +159,43 @@ def test_read_models_equal_a_replay_after_mixed_commands(mixed: Fleet) -> None:
     assert sorted(states) == sorted(RUNNERS)
     assert check_read_models(store, states) == []
     # The check is able to fail: a row edited behind the projection's back is reported.
+    parked = next(lease.id for lease in states["runner-a"][0].leases if lease.status == "parked")
     store.backend.execute("UPDATE runners SET generation = generation + 1 WHERE runner_id = 'runner-c'")
     store.backend.execute("DELETE FROM leases WHERE runner_id = 'runner-a' AND status = 'parked'")
-    assert check_read_models(store, states) == [("runner-a", "leases rows differ from the replay"),
-                                                ("runner-c", "runners row differs from the replay")]
+    assert check_read_models(store, states) == [
+        ("runner-a", f"no leases row for lease {parked!r}"),
+        ("runner-c", "runners row differs from the replay: generation 4 (replay: 3)")]
+
+
+def test_every_read_model_row_is_compared_with_the_replay(mixed: Fleet) -> None:
+    store = mixed.store
+    states = replayed(store)
+    active = next(lease for lease in states["runner-e"][0].leases if lease.status == "active")
+    forged = [
+        ("UPDATE leases SET status = 'settled' WHERE lease_id = ?", (active.id,)),
+        ("INSERT INTO leases VALUES ('runner-z', 'lease-z', 's', 1, '2026-01-01T00:00:00.000Z',"
+         " '2026-01-01T00:10:00.000Z', 'active', NULL, NULL)", ()),
+        ("INSERT INTO leases SELECT runner_id, 'lease-extra', session_id, generation, issued_at, expires_at, status,"
+         " result_digest, hook_receipt_digest FROM leases WHERE lease_id = ?", (active.id,)),
+        ("DELETE FROM runners WHERE runner_id = 'runner-d'", ()),
+        ("INSERT INTO runners SELECT 'runner-y', target, state, accepting, generation, policy_revision, base_dir,"
+         " cpu_seconds, memory_bytes, proxy_id, proxy_revision, post_session_hook_digest, drain_signal,"
+         " drain_requested_at, drain_deadline_at, active_lease_count, parked_lease_count, settled_lease_count,"
+         " updated_at, version, seq FROM runners WHERE runner_id = 'runner-a'", ()),
+    ]
+    editor = apsw.Connection(mixed.path)  # as anyone with write access: no foreign keys enforced
+    try:
+        for sql, params in forged:
+            editor.execute(sql, params)
+    finally:
+        editor.close()
+    assert sorted(check_read_models(store, states)) == sorted([
+        ("runner-d", "no runners row"),
+        ("runner-e", "leases row 'lease-extra' for a lease the replay does not retain"),
+        ("runner-e", f"leases row {active.id!r} differs from the replay: status 'settled' (replay: 'active')"),
+        ("runner-y", "runners row for a runner the replay does not have"),
+        ("runner-z", "leases row 'lease-z' for a runner the replay does not have"),
+    ])
 
 
 def test_read_model_rows_answer_plain_sql(mixed: Fleet) -> None:
@@ -267,8 +302,10 @@ def test_a_snapshot_naming_the_wrong_event_is_refused(mixed: Fleet) -> None:
         ("a seq past the head", (version, store.head().seq + 10, event_hash)),
     ]
     for reason, (bad_version, bad_seq, bad_hash) in tampered:
+        # Tagged as the store tags (what an unkeyed file's editor can do): the log is what refuses it.
+        blob = snapshot_blob(store, runner_id, bad_version, bad_seq, bad_hash, encode_state(early))
         store.backend.execute("UPDATE snapshots SET version = ?, seq = ?, state = ?, event_hash = ? WHERE stream = ?",
-                              (bad_version, bad_seq, encode_state(early), bad_hash, runner_id))
+                              (bad_version, bad_seq, blob, bad_hash, runner_id))
         assert snapshot_of(store, runner_id) is None, reason
         assert mixed.handle(runner_id).state() == expected, reason
         assert state_at(store, runner_id) == expected, reason
@@ -277,17 +314,163 @@ def test_a_snapshot_naming_the_wrong_event_is_refused(mixed: Fleet) -> None:
 def test_a_wrong_state_under_a_right_hash_is_caught_by_the_audit_check_and_rebuilt(mixed: Fleet) -> None:
     store = mixed.store
     runner_id = "runner-b"
-    _, seq, _, _ = store.backend.snapshot(runner_id)  # type: ignore[misc]
+    version, seq, _, event_hash = store.backend.snapshot(runner_id)  # type: ignore[misc]
     replayed_then = load(store, runner_id, use_snapshot=False, until_seq=seq).state
     assert replayed_then is not None
     wrong = msgspec.structs.replace(replayed_then, generation=replayed_then.generation + 7)
-    store.backend.execute("UPDATE snapshots SET state = ? WHERE stream = ?", (encode_state(wrong), runner_id))
+    # Tagged as the store tags (an unkeyed file's editor can): the tag verifies, the replay disagrees.
+    blob = snapshot_blob(store, runner_id, version, seq, event_hash, encode_state(wrong))
+    store.backend.execute("UPDATE snapshots SET state = ? WHERE stream = ?", (blob, runner_id))
     check = SnapshotCheck(store)
     for recorded, state in replay_all(store):
         check.observe(recorded, state)
-    assert check.finish() == [(seq, f"snapshot of {runner_id!r} differs from the replayed state")]
+    assert check.finish() == [(seq, runner_id, f"snapshot of {runner_id!r} differs from the replayed state")]
     rebuild(store)
     assert mixed.handle(runner_id).state() == replayed(store)[runner_id][0]
+
+
+# --- snapshots a command may trust: only those it can prove ---------------------------------------------
+
+KEY = bytes(range(32))
+ATTACKER_HOOK = "sha256:" + "e" * 64
+
+
+def _raw_snapshot(path: str, runner_id: str) -> bytes:
+    connection = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        ((blob,),) = connection.execute("SELECT state FROM snapshots WHERE stream = ?", (runner_id,)).fetchall()
+        return blob
+    finally:
+        connection.close()
+
+
+def _write_raw_snapshot(path: str, runner_id: str, blob: bytes) -> None:
+    connection = apsw.Connection(path)
+    try:
+        connection.execute("UPDATE snapshots SET state = ? WHERE stream = ?", (blob, runner_id))
+    finally:
+        connection.close()
+
+
+def _forge_snapshot(path: str, runner_id: str, **changes: Any) -> None:
+    """Edit a snapshot's state as someone without the key would: its tag, seq and event hash kept."""
+    blob = _raw_snapshot(path, runner_id)
+    state = json.loads(blob[TAG_BYTES:])
+    state.update(changes)
+    _write_raw_snapshot(path, runner_id, blob[:TAG_BYTES] + json.dumps(state).encode())
+
+
+@pytest.fixture
+def keyed(tmp_path: Path) -> Iterator[Fleet]:
+    """A keyed store, snapshots after every command: runner-a parked, runner-b accepting with a settled lease."""
+    clock = FakeClock()
+    base_dir = tmp_path / "base"
+    base_dir.mkdir()
+    path = str(tmp_path / "keyed.db")
+    with EventStore.open(path, key=KEY, now=clock) as store:
+        fleet_ = Fleet(path, store, clock, base_dir, snapshot_every=1)
+        parked, busy = fleet_.handle("runner-a"), fleet_.handle("runner-b")
+        for handle in (parked, busy):
+            handle.initialize()
+            first = handle.acquire_lease(session_id="session-1", expected_generation=1, proxy_authority=fleet_.proxy())
+            handle.settle_lease(lease_id=first.lease.id, lease_generation=1, result_digest=RESULT)
+        held = parked.acquire_lease(session_id="session-2", expected_generation=1, proxy_authority=fleet_.proxy())
+        parked.park_lease(lease_id=held.lease.id, lease_generation=1, result_digest=RESULT, reason="lost-poll")
+        assert parked.snapshot().state == "parked" and busy.snapshot().state == "accepting"
+    # The key holder's next commands run on a fresh handle, as another process's would.
+    with EventStore.open(path, key=KEY, now=clock) as store:
+        yield Fleet(path, store, clock, base_dir, snapshot_every=1)
+
+
+def test_a_forged_snapshot_in_a_keyed_store_does_not_grant_a_lease_on_a_parked_runner(keyed: Fleet) -> None:
+    store = keyed.store
+    assert snapshot_of(store, "runner-a") is not None  # the command would start from it: it is proven
+    with pytest.raises(StaleFenceError) as honest:
+        keyed.handle("runner-a").acquire_lease(session_id="session-3", expected_generation=2,
+                                               proxy_authority=keyed.proxy())
+    _forge_snapshot(keyed.path, "runner-a", state="accepting")
+    assert snapshot_of(store, "runner-a") is None
+    with pytest.raises(StaleFenceError) as forged:
+        keyed.handle("runner-a").acquire_lease(session_id="session-3", expected_generation=2,
+                                               proxy_authority=keyed.proxy())
+    assert str(forged.value) == str(honest.value)  # refused as for a parked runner
+    assert replay(store)["runner-a"].state == "parked"
+
+
+def test_forged_resources_in_a_keyed_snapshot_are_not_used(keyed: Fleet) -> None:
+    store = keyed.store
+    assert snapshot_of(store, "runner-b") is not None
+    _forge_snapshot(keyed.path, "runner-b", resources={"cpu_seconds": 86_400, "memory_bytes": 64 << 30})
+    assert snapshot_of(store, "runner-b") is None
+    assert keyed.handle("runner-b").state().resources == RESOURCES
+
+
+def test_a_forged_hook_digest_in_a_keyed_snapshot_authorizes_no_hook(keyed: Fleet) -> None:
+    store = keyed.store
+    assert snapshot_of(store, "runner-a") is not None
+    _forge_snapshot(keyed.path, "runner-a", post_session_hook_digest=ATTACKER_HOOK)
+    assert snapshot_of(store, "runner-a") is None
+    handle = keyed.handle("runner-a")
+    settled = next(lease for lease in handle.state().leases if lease.status == "settled")
+    with pytest.raises(StaleFenceError, match="post-session hook fence"):
+        handle.authorize_post_session_hook(expected_runner_generation=2, lease_id=settled.id, lease_generation=1,
+                                           result_digest=RESULT, hook_digest=ATTACKER_HOOK)
+    # The log's digest is the one the command authorizes (and the snapshot it writes is proven again).
+    handle.authorize_post_session_hook(expected_runner_generation=2, lease_id=settled.id, lease_generation=1,
+                                       result_digest=RESULT, hook_digest=HOOK)
+    rewritten = snapshot_of(store, "runner-a")
+    assert rewritten is not None and rewritten.state == replay(store)["runner-a"]
+
+
+def test_a_keyed_store_opened_without_its_key_proves_no_snapshot(keyed: Fleet) -> None:
+    with EventStore.open(keyed.path, read_only=True) as unkeyed:
+        assert snapshot_of(unkeyed, "runner-a") is None  # the tag is a MAC: nothing to check it with
+        assert state_at(unkeyed, "runner-a") == replay(unkeyed)["runner-a"]
+        with pytest.raises(StoreKeyError):
+            SnapshotCheck(unkeyed)  # the audit's check must not pass for want of a key
+    before = _raw_snapshot(keyed.path, "runner-a")
+    with EventStore.open(keyed.path) as unkeyed, pytest.raises(StoreKeyError):
+        rebuild(unkeyed)  # it could tag no snapshot: it changes nothing
+    assert _raw_snapshot(keyed.path, "runner-a") == before
+
+
+def test_a_snapshot_copied_from_another_store_or_stream_is_refused(mixed: Fleet, tmp_path: Path) -> None:
+    store = mixed.store
+    expected = {runner_id: state for runner_id, (state, _, _) in replayed(store).items()}
+    (tmp_path / "other").mkdir()
+    other = open_fleet(tmp_path / "other", snapshot_every=3)
+    with other.store:
+        run_mixed_commands(other)
+    assert snapshot_of(store, "runner-a") is not None and snapshot_of(store, "runner-b") is not None
+    # Another store's snapshot of the same runner, under this store's version, seq and event hash.
+    _write_raw_snapshot(mixed.path, "runner-a", _raw_snapshot(other.path, "runner-a"))
+    # Another runner's snapshot (runner-c is parked, runner-b accepting), under runner-b's.
+    _write_raw_snapshot(mixed.path, "runner-b", _raw_snapshot(mixed.path, "runner-c"))
+    for runner_id in ("runner-a", "runner-b"):
+        assert snapshot_of(store, runner_id) is None
+        assert mixed.handle(runner_id).state() == expected[runner_id]
+    check = SnapshotCheck(store)
+    assert [(stream, "tag that does not verify" in reason) for _, stream, reason in check.problems] == [
+        ("runner-a", True), ("runner-b", True)]
+
+
+def test_a_snapshot_written_before_snapshots_were_tagged_is_ignored_then_rewritten(mixed: Fleet) -> None:
+    store = mixed.store
+    version, seq, blob, _ = store.backend.snapshot("runner-a")  # type: ignore[misc]
+    _write_raw_snapshot(mixed.path, "runner-a", blob[TAG_BYTES:])  # the state's bytes alone: the old format
+    assert snapshot_of(store, "runner-a") is None
+    handle = mixed.handle("runner-a")
+    assert handle.state() == replayed(store)["runner-a"][0]
+    check = SnapshotCheck(store)
+    for recorded, state in replay_all(store):
+        check.observe(recorded, state)
+    assert check.finish() == [] and len(check.warnings) == 1 and "no tag" in check.warnings[0]
+    while store.backend.snapshot("runner-a")[1] == seq:  # type: ignore[index]
+        handle.rotate_proxy_authority(expected_generation=handle.snapshot().generation,
+                                      proxy_authority=mixed.proxy(handle.snapshot().proxy_authority.revision + 1))
+    rewritten = snapshot_of(store, "runner-a")
+    assert rewritten is not None and rewritten.version > version
+    assert rewritten.state == replayed(store)["runner-a"][0]
 
 
 # --- state as of any seq, and the fleet view ------------------------------------------------------------

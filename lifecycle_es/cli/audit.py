@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from .access import default_seal, int_at_least, open_store, read_key_file
-from .exits import EXIT_DATAERR, EXIT_OK, classify, one_line
+from .exits import EXIT_DATAERR, EXIT_OK, classify, one_line, printable
 from .render import pairs
 
 
@@ -93,6 +93,6 @@ def summary(report: Any) -> str:
         items.append(("result", f"FAILED at {where}{stream}: {one_line(first.reason)}"))
         if len(report.problems) > 1:
             items.append(("also", f"{len(report.problems) - 1} more problem(s); --json lists them"))
-    lines = [f"audit of {report.path}", pairs(items, indent="  ")]
+    lines = [printable(f"audit of {report.path}"), pairs(items, indent="  ")]
     lines += [f"  warning: {one_line(warning)}" for warning in report.warnings]
     return "\n".join(lines)

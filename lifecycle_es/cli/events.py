@@ -24,7 +24,7 @@ from lifecycle_es.errors import IntegrityError
 from lifecycle_es.store import RecordedEvent
 
 from .access import int_at_least, open_store
-from .exits import EXIT_OK, printable
+from .exits import EXIT_OK, json_printable, printable
 
 MAX_FIELD_CHARS = 60
 
@@ -82,11 +82,11 @@ def body_of(recorded: RecordedEvent) -> dict[str, Any]:
 
 
 def json_line(recorded: RecordedEvent) -> str:
-    """One event as a JSON line."""
-    return msgspec.json.encode({
+    """One event as a JSON line (control and bidi characters as JSON escapes: safe on a terminal too)."""
+    return json_printable(msgspec.json.encode({
         "seq": recorded.seq, "stream": recorded.stream, "version": recorded.version, "type": recorded.type,
         "at": recorded.at, "event": body_of(recorded), "hash": recorded.hash.hex(),
-    }).decode()
+    }).decode())
 
 
 def text_line(recorded: RecordedEvent) -> str:

@@ -62,6 +62,7 @@ __all__ = [
     "EXIT_USAGE",
     "CommandError",
     "classify",
+    "json_printable",
     "one_line",
     "printable",
 ]
@@ -75,12 +76,33 @@ class CommandError(Exception):
         super().__init__(message)
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# What a terminal would act on or draw as nothing: C0, DEL and C1 controls; bidi marks, embeddings, overrides
+# and isolates (a U+202E turns the rest of a line around); line and paragraph separators; and lone
+# surrogates, which no terminal encoding can write.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(text: str) -> str:
-    """`text` with control characters escaped, so a value from a hostile file cannot drive the terminal."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+    """`text` with control, bidi and invisible formatting characters escaped (``\\x1b``, ``\\u202e``).
+
+    The one escaping of every line the command line prints for people, so a value from a hostile file
+    cannot drive the terminal or reorder what it shows. JSON output is left to JSON's own escaping.
+    """
+    return _UNSAFE.sub(_escape, text)
+
+
+def json_printable(text: str) -> str:
+    """JSON text with the same characters as `printable` written as JSON escapes (``\\u202e``).
+
+    They can only stand inside a JSON string, where the escape decodes to the very same character:
+    the JSON is the same, and a terminal it is printed on shows it as it is.
+    """
+    return _UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
 
 
 def one_line(text: str, limit: int = 1000) -> str:

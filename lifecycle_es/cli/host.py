@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 from .access import require_file
-from .exits import EXIT_OK, EXIT_USAGE, CommandError
+from .exits import EXIT_OK, EXIT_USAGE, CommandError, printable
 
 
 def register(subparsers: Any) -> None:
@@ -73,7 +73,7 @@ def run_host(args: argparse.Namespace) -> int:
 
         def report(actions: list[Any]) -> None:
             for action in actions:
-                print(f"{action.kind} {action.lease_id} {action.detail}".rstrip(), flush=True)
+                print(printable(f"{action.kind} {action.lease_id} {action.detail}".rstrip()), flush=True)
 
         try:
             host.serve(stop, tick=args.tick, on_actions=report)

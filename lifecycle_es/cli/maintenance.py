@@ -1,6 +1,7 @@
 """``lifecycle-es rebuild`` and ``lifecycle-es seal``: the caches redone from the log, the head sealed.
 
     lifecycle-es rebuild runners.db          drop snapshots and read models, rebuild them by replay
+    lifecycle-es rebuild runners.db --key-file store.key    the same for a keyed store (snapshots are MAC'd)
     lifecycle-es seal runners.db             verify the chain, then write the head to runners.db.seal
 
 A seal blesses the head it records, so ``seal`` verifies the chain first (``--no-verify`` skips that,
@@ -16,7 +17,7 @@ from typing import Any
 from lifecycle_es.store import EventStore
 
 from .access import check_tables, open_store, read_key_file, require_file
-from .exits import EXIT_OK
+from .exits import EXIT_OK, printable
 
 
 def register(subparsers: Any) -> None:
@@ -26,6 +27,8 @@ def register(subparsers: Any) -> None:
         description="Replay the log and rewrite the snapshots and the runners/leases read models in one "
                     "transaction. The log itself is never written.")
     rebuild.add_argument("file", metavar="FILE", help="the store file")
+    rebuild.add_argument("--key-file", metavar="K",
+                         help="the store key (a keyed store's snapshots carry a MAC only its key can make)")
     rebuild.set_defaults(run=run_rebuild)
 
     seal = subparsers.add_parser(
@@ -43,13 +46,14 @@ def run_rebuild(args: argparse.Namespace) -> int:
     from projections import rebuild
 
     require_file(args.file)
-    with open_store(args.file):
-        pass  # the format, tables and seal are checked read-only before anything is written
-    with EventStore.open(args.file) as store:
+    key = read_key_file(args.key_file) if args.key_file else None
+    with open_store(args.file, key=key, need_key=True):
+        pass  # the format, tables, key and seal are checked read-only before anything is written
+    with EventStore.open(args.file, key=key) as store:
         check_tables(store.backend)
         report = rebuild(store)
-    print(f"rebuilt {args.file} from {report.events:,} events: {report.runners:,} runners in the read models, "
-          f"{report.snapshots:,} snapshots, in {report.seconds:.2f} s")
+    print(printable(f"rebuilt {args.file} from {report.events:,} events: {report.runners:,} runners in the read "
+                    f"models, {report.snapshots:,} snapshots, in {report.seconds:.2f} s"))
     return EXIT_OK
 
 
@@ -65,5 +69,5 @@ def run_seal(args: argparse.Namespace) -> int:
             verified = store.verify(key=key)
     checked = "not verified" if verified is None else (
         f"{verified.events:,} events verified in {time.perf_counter() - started:.2f} s")
-    print(f"sealed {args.file} at seq {sealed.seq:,}, hash {sealed.hash} ({checked}) -> {args.file}.seal")
+    print(printable(f"sealed {args.file} at seq {sealed.seq:,}, hash {sealed.hash} ({checked}) -> {args.file}.seal"))
     return EXIT_OK

@@ -7,8 +7,9 @@ What it proves, in one read transaction (one consistent view of the file):
 - the rules: every event replayed through ``lifecycle_es.replay.fold_row`` per stream, versions
   contiguous, a stream's first event naming its own runner, and no stream left with a park pending
   (the RunnerParked that must follow in the same transaction is missing);
-- the caches: each snapshot equals the replayed state at its seq (``SnapshotCheck``), and the read
-  models equal the replay as of the seq they record (``check_read_models``);
+- the caches: each snapshot's tag verifies and its state equals the replayed state at its seq
+  (``SnapshotCheck``), and every read-model row equals the replay as of the seq the read models
+  record, or as of the head when that seq is missing or not one the log holds (``check_read_models``);
 - the seal: the log still holds the sealed hash at the sealed seq.
 
 The pass (``walk.py``) runs in this process (``--jobs 1``) or in worker processes that each check a
@@ -26,7 +27,7 @@ from lifecycle_es.errors import LifecycleError, StoreBehindSealError
 from lifecycle_es.runner import LEASE_STATUSES, STATES
 from lifecycle_es.sqlite import translated
 from lifecycle_es.store import EventStore, RecordedEvent
-from projections import SnapshotCheck, check_read_models, read_model_position
+from projections import SnapshotCheck, check_read_models, read_model_position, read_model_tables
 
 from .access import missing_triggers
 from .exits import one_line
@@ -176,25 +177,37 @@ def _check_caches(store: EventStore, report: AuditReport, snapshots: SnapshotChe
     report.caches_checked = True
     try:
         with translated("check snapshots"):
-            for seq, reason in snapshots.finish():
-                report.add(seq, None, reason)
+            for seq, stream, reason in snapshots.finish():
+                report.add(seq, stream, reason)
+            report.warnings += snapshots.warnings
             # SnapshotCheck looks up the snapshots of the log's streams; one of a stream the log does not
             # have would be loaded by nobody, but it is not the replay's either.
             for stream, seq in store.backend.execute("SELECT stream, seq FROM snapshots ORDER BY seq"):
                 if stream not in streams:
                     report.add(seq, stream, f"snapshot of {stream!r}, a runner the log does not have")
         report.snapshots_checked = snapshots.checked
+        with translated("check read models"):
+            tables = read_model_tables(store)
+        if not tables:
+            return
+        # Every row is compared with a replay, whatever the position table says or lacks: as of the position
+        # when it is one the log holds, else as of the head (and the position is a problem of its own).
+        head = report.head_seq
+        states, as_of = (captured or {}), position
         if position is None:
-            return
-        if position > report.head_seq:
-            report.add(report.head_seq + 1, None, f"the read models are at seq {position}, beyond the log's head "
-                                                  f"{report.head_seq}: the log lost events they saw")
-            return
-        states = captured if captured is not None else {}
+            report.add(None, None, "read model: its tables are there but read_model_position "
+                                   "is not: nothing says which seq they show")
+            states, as_of = streams, head
+        elif not 0 <= position <= head:
+            report.add(head + 1 if position > head else None, None,
+                       f"the read models are at seq {position}, " + (
+                           f"beyond the log's head {head}: the log lost events they saw" if position > head
+                           else "which is no seq"))
+            states, as_of = streams, head
         with translated("check read models"):
             for runner_id, what in check_read_models(store, states):
                 seq = states[runner_id][2] if runner_id in states else None
-                report.add(seq, runner_id, f"read model: {what} (as of seq {position})")
+                report.add(seq, runner_id, f"read model: {what} (as of seq {as_of})")
         report.read_models_checked = len(states)
     except (LifecycleError, TypeError, ValueError) as exc:
         report.add(None, None, f"the snapshots or read models could not be checked: {exc}")

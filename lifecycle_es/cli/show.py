@@ -3,7 +3,10 @@
     lifecycle-es show runners.db                     every runner, one line each
     lifecycle-es show runners.db runner-7 --at 120   one runner as it was after seq 120
 
-State is a replay of the log (the same rules as the commands); the file is opened read-only.
+State is a replay of the log (the same rules as the commands), from a snapshot only when its tag
+proves it, never from the read models (a cache anyone with the file can edit); the file is opened
+read-only. Every value is printed escaped (``exits.printable``): ids from a hostile file cannot drive
+the terminal.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 from typing import Any
 
 from .access import int_at_least, open_store
-from .exits import EXIT_NOINPUT, EXIT_OK, CommandError
+from .exits import EXIT_NOINPUT, EXIT_OK, CommandError, printable
 from .render import pairs, short, table
 
 
@@ -86,7 +89,7 @@ def runner_text(data: dict[str, Any], head: int) -> str:
     drain = snap["drain"]
     proxy = snap["proxy_authority"]
     resources = snap["resources"]
-    lines = [f"runner {snap['runner_id']}, {_as_of(data['head_seq'], head)}", pairs([
+    lines = [printable(f"runner {snap['runner_id']}, {_as_of(data['head_seq'], head)}"), pairs([
         ("target", snap["target"]),
         ("state", snap["state"]),
         ("accepting", snap["accepting"]),
