@@ -6,23 +6,31 @@ that hash at that seq. The file is JSON, mode 0600, written to a temporary name,
 the directory fsynced. Its ``mac`` is blake3 keyed with the store key for a keyed store; for an
 unkeyed store it is a checksum that catches damage, not forgery (whoever can rewrite both files can
 rewrite history; use a keyed store, or keep the seal where the log's writer cannot reach).
+
+A seal is read the way every file a user names is (`lifecycle_es.files`): a link, a FIFO or a device
+where the seal belongs is refused as StoreFormatError, never followed or waited on, and every field
+is held to what `write_seal` writes (a seq in 0..2**53-1, hex of the right length, a canonical time).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 
 import msgspec
 
-from .canonical import canonical_bytes
+from .canonical import canonical_bytes, timestamp
 from .chain import seal_mac
-from .errors import StoreBehindSealError, StoreFormatError, StoreIOError, StoreKeyError
+from .errors import InvalidInputError, StoreBehindSealError, StoreFormatError, StoreIOError, StoreKeyError
+from .files import UNOPENABLE, UnsafeFileError, read_regular
+from .values import MAX_SAFE_INTEGER, shown
 
 MAX_SEAL_BYTES = 4096
+_HEX = re.compile(r"[0-9a-f]+")
 
 
-class Seal(msgspec.Struct, frozen=True, kw_only=True):
+class Seal(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A sealed head: the store it belongs to, the seq and hash of its last event then, and when."""
 
     store_id: str
@@ -32,7 +40,7 @@ class Seal(msgspec.Struct, frozen=True, kw_only=True):
     key_id: str | None = None
 
 
-class _SealFile(msgspec.Struct, frozen=True, kw_only=True):
+class _SealFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     v: int
     seal: Seal
     mac: str
@@ -67,25 +75,30 @@ def write_seal(path: str, sealed: Seal, key: bytes | None) -> None:
 
 
 def read_seal(path: str, key: bytes | None, key_id: str | None) -> Seal:
-    """Read and check a seal file; StoreFormatError when it is damaged or forged."""
+    """Read and check a seal file; StoreFormatError when it is damaged, forged or not a regular file.
+
+    The file is opened without following a link or blocking (see `lifecycle_es.files`): a link,
+    dangling or not, a FIFO or a device where the seal belongs is refused, never read through.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            data = os.read(fd, MAX_SEAL_BYTES + 1)
-        finally:
-            os.close(fd)
+        data = read_regular(path, limit=MAX_SEAL_BYTES, what="seal")
     except FileNotFoundError:
         raise StoreIOError(f"seal {path!r} does not exist") from None
+    except UnsafeFileError as exc:
+        if exc.kind == UNOPENABLE:
+            raise StoreIOError(f"cannot read seal {path!r}: {exc.strerror}") from exc
+        raise StoreFormatError(str(exc.strerror)) from None
     except OSError as exc:
         raise StoreIOError(f"cannot read seal {path!r}: {exc.strerror}") from exc
-    if len(data) > MAX_SEAL_BYTES:
-        raise StoreFormatError(f"seal {path!r} is too large to be a seal")
     try:
         parsed = msgspec.json.decode(data, type=_SealFile)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise StoreFormatError(f"seal {path!r} is not a seal file: {exc}") from None
     if parsed.v != 1:
         raise StoreFormatError(f"seal {path!r} has unknown version {parsed.v}")
+    malformed = _malformed(parsed)
+    if malformed:
+        raise StoreFormatError(f"seal {path!r} is malformed: {malformed}")
     if parsed.seal.key_id != key_id:
         raise StoreKeyError(f"seal {path!r} was made for key id {parsed.seal.key_id}, the store has {key_id}")
     if key_id is not None and key is None:
@@ -94,6 +107,25 @@ def read_seal(path: str, key: bytes | None, key_id: str | None) -> Seal:
     if seal_mac(key, _payload(parsed.seal)) != parsed.mac:
         raise StoreFormatError(f"seal {path!r} fails its {'MAC' if key else 'checksum'}: damaged or forged")
     return parsed.seal
+
+
+def _malformed(parsed: _SealFile) -> str | None:
+    """What is out of range in a decoded seal file, or None. A seal only ever holds what `write_seal`
+    writes, so anything else is damage or forgery, refused before its MAC is even looked at."""
+    sealed = parsed.seal
+    if not 0 <= sealed.seq <= MAX_SAFE_INTEGER:
+        return f"seq {shown(sealed.seq)} is outside 0..{MAX_SAFE_INTEGER}"
+    for name, value, digits in (("store_id", sealed.store_id, 32), ("hash", sealed.hash, 64),
+                                ("key_id", sealed.key_id, 32), ("mac", parsed.mac, 64)):
+        if value is not None and (len(value) != digits or not _HEX.fullmatch(value)):
+            return f"{name} {shown(value)} is not {digits} lowercase hex digits"
+    try:
+        canonical = timestamp(sealed.at, "at")
+    except InvalidInputError:
+        canonical = None
+    if canonical != sealed.at:
+        return f"at {shown(sealed.at)} is not a UTC timestamp in milliseconds"
+    return None
 
 
 def check_seal(sealed: Seal, *, store_id: bytes, head_seq: int, hash_at_seq: bytes | None) -> None:

@@ -37,6 +37,7 @@ from .errors import (
     StoreKeyError,
 )
 from .events import Event, decode, encode_all, type_of
+from .files import text_path as _text_path
 from .seal import Seal, check_seal, read_seal, write_seal
 from .sqlite import DURABILITY, SqliteBackend
 from .values import safe_id, safe_int
@@ -127,14 +128,6 @@ class Projector(Protocol):
         ...
 
 
-def _text_path(value: object, field: str) -> str:
-    """A non-empty text path without NUL, or InvalidInputError naming `field` (never a bare TypeError)."""
-    text = os.fspath(value) if isinstance(value, str | os.PathLike) else None
-    if not isinstance(text, str) or not text or "\0" in text:
-        raise InvalidInputError(field, f"{field} is invalid: {value!r}")
-    return text
-
-
 def _validate_key(key: object) -> bytes | None:
     if key is None:
         return None
@@ -200,7 +193,8 @@ class EventStore:
         try:
             store = cls(backend, key=key, now=now or (lambda: time.time_ns() // 1_000_000))
             seal_path = seal if seal is not None else path + ".seal"
-            if seal is not None or os.path.exists(seal_path):
+            # lexists: a link where the seal belongs, dangling or not, is read (and refused), not skipped.
+            if seal is not None or os.path.lexists(seal_path):
                 store.check_seal(seal_path)
         except BaseException:
             backend.close()
@@ -460,7 +454,7 @@ class EventStore:
                                                f"an event lies outside it (lowest seq {lowest})")
             report = VerifyReport(expected - 1, len(versions), Head(expected - 1, prev, at))
         if seal is not None:
-            self.check_seal(seal, key=key)
+            self.check_seal(_text_path(seal, "seal"), key=key)
         return report
 
     def seal(self, path: str | os.PathLike[str] | None = None) -> Seal:
@@ -472,7 +466,7 @@ class EventStore:
         if self.key_id is not None and self._key is None:
             raise StoreKeyError("sealing a keyed store needs its key")
         head = self.head()
-        target = os.fspath(path) if path is not None else self.path + ".seal"
+        target = _text_path(path, "path") if path is not None else self.path + ".seal"
         sealed = Seal(store_id=self.store_id.hex(), seq=head.seq, hash=head.hash.hex(),
                       at=head.at or iso_ms(self._now()), key_id=self.key_id)
         write_seal(target, sealed, self._key)
@@ -480,7 +474,7 @@ class EventStore:
 
     def check_seal(self, path: str | os.PathLike[str], *, key: bytes | None = None) -> Seal:
         """Check that the log has not fallen behind the seal at `path`; return the seal."""
-        sealed = read_seal(os.fspath(path), key if key is not None else self._key, self.key_id)
+        sealed = read_seal(_text_path(path, "path"), key if key is not None else self._key, self.key_id)
         seq = sealed.seq
         row = self._backend.row_at(seq) if seq > 0 else None
         check_seal(sealed, store_id=self.store_id, head_seq=self.head().seq,

@@ -265,6 +265,8 @@ def test_a_keyed_store_needs_its_key_and_never_shows_it(keyed_log: Path, tmp_pat
     wrong.write_bytes(bytes(32))
     malformed = tmp_path / "short.key"
     malformed.write_text("abc")
+    for key_file in (raw, hexed, wrong, malformed):
+        key_file.chmod(0o600)  # a key others may read is refused before it is read
 
     for key_file in (raw, hexed):
         code, report = audit_json(keyed_log, "--key-file", str(key_file))

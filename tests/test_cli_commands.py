@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import select
 import signal
 import subprocess
@@ -56,6 +57,7 @@ def key_file(tmp_path: Path) -> Path:
     """The keyed store's key, as 64 hex characters."""
     path = tmp_path / "store.key"
     path.write_text(KEY.hex())
+    path.chmod(0o600)
     return path
 
 
@@ -308,3 +310,61 @@ def test_a_keyed_export_imports_only_with_its_key(keyed_log: Path, key_file: Pat
     assert run("import", out, restored, "--key-file", key_file).returncode == 0
     assert rows_and_meta(restored) == rows_and_meta(keyed_log)
     assert audit_json(restored, "--key-file", str(key_file))[0] == 0
+
+
+def test_an_export_line_longer_than_an_event_can_be_is_refused_as_it_streams(fleet_log: FleetLog,
+                                                                              tmp_path: Path) -> None:
+    out = tmp_path / "fleet.jsonl"
+    assert run("export", fleet_log[0], out).returncode == 0
+    header = out.read_bytes().split(b"\n", 1)[0]
+    # One line of 2 MiB: twice what an event's largest body spells in hex.
+    long_line = tmp_path / "long-line.jsonl"
+    long_line.write_bytes(header + b"\n" + b'{"seq":1,"body":"' + b"ab" * (1 << 20) + b'"}\n')
+    # A 4 GiB file of one line (sparse: it costs no disk) under a 1 GiB address space: read whole, it kills.
+    sparse = tmp_path / "sparse.jsonl"
+    with open(sparse, "wb") as handle:
+        handle.write(header + b"\n")
+        handle.truncate(4 << 30)
+    for source in (long_line, sparse):
+        target = tmp_path / f"from-{source.stem}.db"
+        done = subprocess.run([str(CLI), "import", str(source), str(target)], capture_output=True, text=True,
+                              timeout=120, check=False, preexec_fn=limit_memory)
+        assert done.returncode == 65 and "line 2 is longer than" in one_error_line(done), done.stderr
+        assert not os.path.exists(target)
+
+
+def limit_memory() -> None:
+    """preexec_fn: a 1 GiB address space, so a file read whole is a visible failure, not a slow success."""
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+# --- key files -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o666, 0o640, 0o604], ids=oct)
+def test_a_key_file_others_may_use_is_refused_naming_its_mode(keyed_log: Path, tmp_path: Path, mode: int) -> None:
+    key = tmp_path / "store.key"
+    key.write_text(KEY.hex())
+    key.chmod(mode)
+    keyed = copy_store(keyed_log, tmp_path / "keyed.db", seal=False)
+    out = tmp_path / "keyed.jsonl"
+    assert run("export", keyed, out).returncode == 0
+    for args in (("audit", keyed), ("seal", keyed), ("import", out, tmp_path / "new.db")):
+        done = run(*args, "--key-file", key)
+        line = one_error_line(done)
+        assert done.returncode == 64 and f"mode {mode:04o}" in line and f"chmod 600 {key}" in line, line
+    assert not os.path.exists(f"{keyed}.seal") and not os.path.exists(tmp_path / "new.db")
+    key.chmod(0o600)
+    assert run("audit", keyed, "--key-file", key).returncode == 0
+
+
+def test_a_key_for_a_store_that_claims_to_be_unkeyed_is_refused_by_every_command(fleet_log: FleetLog,
+                                                                                 key_file: Path,
+                                                                                 tmp_path: Path) -> None:
+    path = copy_store(fleet_log[0], tmp_path / "plain.db", seal=False)
+    out = tmp_path / "plain.jsonl"
+    assert run("export", path, out).returncode == 0
+    for args in (("audit", path), ("seal", path), ("import", out, tmp_path / "new.db")):
+        done = run(*args, "--key-file", key_file)
+        assert done.returncode == 65 and "downgrade" in one_error_line(done), (args, done.stderr)
+    assert not os.path.exists(f"{path}.seal") and not os.path.exists(tmp_path / "new.db")

@@ -8,6 +8,7 @@ log (for worker processes) is appended in batches straight through `EventStore.a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -33,10 +34,23 @@ KEY = bytes(range(32))
 LONG_EVENTS = 2 * MIN_RANGE_EVENTS + 500  # two worker ranges and a bit
 
 
-def run(*args: str | os.PathLike[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``lifecycle-es ARGS`` and return what it did (never raises on a non-zero exit)."""
+def run(*args: str | bytes | os.PathLike[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``lifecycle-es ARGS`` and return what it did (never raises on a non-zero exit).
+
+    A bytes argument reaches the command as those bytes (a path that is not UTF-8, as a shell passes it);
+    the command's output must still decode as UTF-8. `timeout` is the hang bound: past it the command is
+    killed and subprocess.TimeoutExpired fails the test.
+    """
     assert CLI is not None, "the lifecycle-es console script is not installed beside this interpreter"
-    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False)
+    argv = [CLI, *(arg if isinstance(arg, bytes) else str(arg) for arg in args)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def store_bytes(path: Path) -> tuple[str, str]:
+    """sha256 of the store file and of its WAL (an absent WAL counts as an empty one: it holds nothing)."""
+    wal = Path(f"{path}-wal")
+    return (hashlib.sha256(path.read_bytes()).hexdigest(),
+            hashlib.sha256(wal.read_bytes() if wal.exists() else b"").hexdigest())
 
 
 def audit_json(path: Path, *extra: str) -> tuple[int, dict[str, Any]]:

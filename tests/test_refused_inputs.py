@@ -173,6 +173,10 @@ GENERATIONS = plain(bad_ints(1))
 NOT_CALLABLE = plain(st.one_of(NOT_STRINGS, st.text(max_size=5)))
 
 
+# What Python makes of a command-line byte that is not UTF-8 (a lone low surrogate), and other lone surrogates.
+NOT_UTF8 = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+
+
 class BytesPath:
     """A path-like object whose path is bytes: not a text path."""
 
@@ -461,7 +465,8 @@ def test_event_store_open_refuses_bad_input(rig: Rig, data: st.DataObject) -> No
     check_refused(rig, data, open_and_close, valid, {
         "path": plain(st.one_of(NOT_STRINGS.filter(lambda v: not isinstance(v, bytes)), st.none(), st.just(""),
                                 st.binary(min_size=1, max_size=8), st.just(BytesPath()),
-                                st.text(max_size=8).map(lambda t: rig.path + "\0" + t))),
+                                st.text(max_size=8).map(lambda t: rig.path + "\0" + t),
+                                NOT_UTF8.map(lambda t: rig.path + t))),
         "key": plain(st.one_of(st.binary(max_size=40).filter(lambda k: len(k) != 32), st.integers(), st.booleans(),
                                st.text(min_size=32, max_size=32), st.binary(min_size=31, max_size=31).map(bytearray))),
         "durability": plain(st.one_of(st.text(max_size=8).filter(lambda d: d not in ("full", "normal")), NOT_STRINGS,
@@ -470,7 +475,8 @@ def test_event_store_open_refuses_bad_input(rig: Rig, data: st.DataObject) -> No
         "now": NOT_CALLABLE,
         "vfs": plain(NOT_STRINGS),
         "seal": plain(st.one_of(NOT_STRINGS.filter(lambda v: not isinstance(v, bytes)), st.just(""),
-                                st.text(max_size=8).map(lambda t: rig.path + ".seal\0" + t))),
+                                st.text(max_size=8).map(lambda t: rig.path + ".seal\0" + t),
+                                NOT_UTF8.map(lambda t: rig.path + ".seal" + t))),
         "read_only": plain(st.one_of(st.integers(), st.text(max_size=5), st.none(), st.floats())),
     })
 

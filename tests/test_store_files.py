@@ -12,6 +12,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +35,7 @@ from lifecycle_es import (
     StorePragmaError,
     chain,
 )
-from lifecycle_es.canonical import iso_ms
+from lifecycle_es.canonical import canonical_bytes, iso_ms
 from lifecycle_es.events import ReclaimCompleted, RunnerParked, encode
 from lifecycle_es.sqlite import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, apply_profile, set_foreign_keys
 
@@ -412,6 +413,112 @@ def test_explicit_missing_seal_is_an_io_error(tmp_path: Path) -> None:
     make_store(path)
     with raises_exactly(StoreIOError):
         EventStore.open(path, seal=tmp_path / "missing.seal")
+
+
+def resealed(path: Path, change: dict[str, object]) -> None:
+    """Edit the unkeyed seal at `path` and recompute its checksum, as anyone who can write it can."""
+    document = msgspec.json.decode(path.read_bytes())
+    document["seal"].update(change)
+    document["mac"] = chain.seal_mac(None, canonical_bytes(document["seal"]))
+    path.write_bytes(msgspec.json.encode(document))
+
+
+@pytest.mark.parametrize("change", [
+    {"seq": -1}, {"seq": -(2**63)}, {"seq": 2**53}, {"seq": 2**64},
+    {"hash": "zz" * 32}, {"hash": "AB" * 32}, {"hash": "ab" * 31}, {"hash": "ab" * 32 + "\n"},
+    {"store_id": "00" * 15}, {"store_id": "xy" * 16}, {"key_id": "k"},
+    {"at": "2026-01-01T00:00:00Z"}, {"at": "2026-13-01T00:00:00.000Z"}, {"at": "yesterday"},
+    {"extra": 1},
+], ids=lambda change: "-".join(f"{key}={value!r}"[:24] for key, value in change.items()))
+def test_a_checksummed_seal_with_a_field_out_of_range_is_malformed(tmp_path: Path, change: dict[str, object]) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    with EventStore.open(path) as store:
+        store.seal()
+    seal = Path(f"{path}.seal")
+    resealed(seal, {})
+    EventStore.open(path).close()  # recomputing the checksum alone breaks nothing
+    resealed(seal, change)
+    before = file_digests(path)
+    with raises_exactly(StoreFormatError) as info:
+        EventStore.open(path)
+    assert "malformed" in str(info.value) or "not a seal file" in str(info.value)
+    assert file_digests(path) == before
+
+
+@pytest.mark.parametrize("target", ["a-valid-seal", "nowhere"])
+def test_a_seal_that_is_a_link_is_refused_dangling_or_not(tmp_path: Path, target: str) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    with EventStore.open(path) as store:
+        store.seal(tmp_path / "a-valid-seal")
+    os.symlink(tmp_path / target, f"{path}.seal")
+    before = file_digests(path)
+    # The default seal beside the store and one named: the same refusal, never followed, never skipped.
+    for seal in (None, f"{path}.seal"):
+        with raises_exactly(StoreFormatError) as info:
+            EventStore.open(path, seal=seal)
+        assert "symbolic link" in str(info.value)
+    with EventStore.open(path, seal=tmp_path / "a-valid-seal") as store, raises_exactly(StoreFormatError):
+        store.verify(seal=f"{path}.seal")
+    assert file_digests(path) == before
+    assert not (tmp_path / "nowhere").exists()
+
+
+OPEN_IN_A_CHILD = """
+import sys
+from lifecycle_es import EventStore
+try:
+    EventStore.open(sys.argv[1], seal=sys.argv[2] if len(sys.argv) > 2 else None).close()
+except Exception as exc:
+    print(type(exc).__name__, exc)
+else:
+    print("opened")
+"""
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["beside-the-store", "named"])
+def test_a_seal_that_is_a_fifo_is_refused_without_hanging(tmp_path: Path, named: bool) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    fifo = Path(f"{path}.seal") if not named else tmp_path / "fifo.seal"
+    os.mkfifo(fifo)
+    before = file_digests(path)
+    # A child, so a regression hangs it, not this process: the timeout ends it and fails the test.
+    done = subprocess.run([sys.executable, "-c", OPEN_IN_A_CHILD, str(path), *([str(fifo)] if named else [])],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.startswith("StoreFormatError ") and "a FIFO" in done.stdout, (done.stdout, done.stderr)
+    assert file_digests(path) == before
+
+
+def test_a_seal_that_is_a_device_or_directory_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    (tmp_path / "events.db.seal").mkdir()
+    for seal in (None, "/dev/zero"):
+        with raises_exactly(StoreFormatError):
+            EventStore.open(path, seal=seal)
+
+
+@pytest.mark.parametrize("bad", ["x\udcff.db", "x\ud800.db"])
+def test_a_path_that_is_not_utf8_is_invalid_input_naming_its_field(tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    before = file_digests(path)
+    for call, field in ((lambda: EventStore.open(f"{tmp_path}/{bad}"), "path"),
+                        (lambda: EventStore.open(path, seal=f"{tmp_path}/{bad}"), "seal")):
+        with raises_exactly(InvalidInputError) as info:
+            call()
+        assert info.value.field == field
+    with EventStore.open(path) as store:
+        for call, field in ((lambda: store.seal(f"{tmp_path}/{bad}"), "path"),
+                            (lambda: store.check_seal(f"{tmp_path}/{bad}"), "path"),
+                            (lambda: store.verify(seal=f"{tmp_path}/{bad}"), "seal")):
+            with raises_exactly(InvalidInputError) as info:
+                call()
+            assert info.value.field == field
+    assert file_digests(path) == before
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("x")]  # nothing made at a refused path
 
 
 # --- fences ------------------------------------------------------------------------------------------

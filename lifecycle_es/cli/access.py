@@ -9,17 +9,28 @@ the code expects and a hostile file fails with StoreFormatError, never deeper in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import BinaryIO
 
 from lifecycle_es import chain
 from lifecycle_es.errors import StoreFormatError, StoreKeyError
+from lifecycle_es.files import (
+    NOT_PRIVATE,
+    TOO_LARGE,
+    UNOPENABLE,
+    UnsafeFileError,
+    open_regular,
+    read_regular,
+    text_path,
+)
+from lifecycle_es.seal import MAX_SEAL_BYTES
 from lifecycle_es.sqlite import STORE_TABLES, SqliteBackend, translated
 from lifecycle_es.store import EventStore
 
-from .exits import EXIT_NOINPUT, EXIT_USAGE, CommandError
+from .exits import EXIT_DATAERR, EXIT_IOERR, EXIT_NOINPUT, EXIT_USAGE, CommandError
 
 MAX_KEY_FILE_BYTES = 256
 BUSY_TIMEOUT_MS = 5000
@@ -29,22 +40,63 @@ BUSY_TIMEOUT_MS = 5000
 TABLES = STORE_TABLES
 TRIGGERS = ("events_no_update", "events_no_delete")
 
+# Whoever gives a key believes the store keyed; one that says otherwise may have had its key id removed
+# and its chain and seal re-made without the key. Every command given a key refuses it the same way.
+DOWNGRADED = ("tampered? a key was given but the {what} claims to be unkeyed: a keyed store whose key id was "
+              "removed and whose chain and seal were re-made without the key (a downgrade) looks just like this; "
+              "if it was never keyed, run without --key-file")
+
+
+def file_error(exc: OSError, path: str, what: str) -> CommandError:
+    """The exit code and line for a named file `lifecycle_es.files` refused or could not open.
+
+    66 when it does not exist or cannot be opened; 65 when it is a link, a FIFO, a device, a directory
+    or too large (not the file it must be); 64 when a secret file is open to group or others.
+    """
+    if isinstance(exc, FileNotFoundError):
+        return CommandError(EXIT_NOINPUT, f"{what} {path!r} does not exist")
+    if isinstance(exc, UnsafeFileError):
+        code = {NOT_PRIVATE: EXIT_USAGE, UNOPENABLE: EXIT_NOINPUT}.get(exc.kind, EXIT_DATAERR)
+        return CommandError(code, str(exc.strerror))
+    return CommandError(EXIT_IOERR, f"cannot read {what} {path!r}: {exc.strerror}")
+
+
+@contextlib.contextmanager
+def input_file(path: str, *, what: str, arg: str, limit: int | None = None) -> Iterator[BinaryIO]:
+    """The regular file `path` (named as `arg`) opened for reading, never following a link or blocking.
+
+    A refusal is a CommandError (see `file_error`); the file is opened once, so every pass over it
+    (``seek(0)``) reads the same file, whatever happens to its name meanwhile.
+    """
+    path = text_path(path, arg)
+    opened = contextlib.ExitStack()
+    try:
+        fd, _ = opened.enter_context(open_regular(path, limit=limit, what=what))
+    except OSError as exc:
+        raise file_error(exc, path, what) from None
+    with opened, open(fd, "rb", closefd=False) as handle:
+        yield handle
+
 
 def read_key_file(path: str) -> bytes:
     """The 32-byte key in `path`: 32 raw bytes, or 64 hex characters (surrounding whitespace ignored).
 
-    The key is never echoed: a malformed file is reported by its length only.
+    The file must be a regular file that only its owner may use (mode 0600 or stricter, as ssh asks of
+    a private key): a key others could read may be theirs already. The key is never echoed: a
+    malformed file is reported by its length only.
     """
+    path = text_path(path, "--key-file")
+
+    def malformed(size: object) -> CommandError:
+        return CommandError(EXIT_USAGE, f"key file {path!r} must hold {chain.KEY_BYTES} raw bytes or "
+                                        f"{2 * chain.KEY_BYTES} hex characters (it holds {size} bytes)")
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        raise CommandError(EXIT_NOINPUT, f"key file {path!r} does not exist") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CommandError(EXIT_USAGE, f"key file {path!r} is not a regular file")
-        data = os.read(fd, MAX_KEY_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
+        data = read_regular(path, limit=MAX_KEY_FILE_BYTES, what="key file", private=True)
+    except OSError as exc:
+        if isinstance(exc, UnsafeFileError) and exc.kind == TOO_LARGE:
+            raise malformed(f"more than {MAX_KEY_FILE_BYTES}") from None
+        raise file_error(exc, path, "key file") from None
     if len(data) == chain.KEY_BYTES:
         return data
     text = data.strip()
@@ -53,16 +105,20 @@ def read_key_file(path: str) -> bytes:
             return bytes.fromhex(text.decode("ascii"))
         except (UnicodeDecodeError, ValueError):
             pass
-    raise CommandError(EXIT_USAGE, f"key file {path!r} must hold {chain.KEY_BYTES} raw bytes or "
-                                   f"{2 * chain.KEY_BYTES} hex characters (it holds {len(data)} bytes)")
+    raise malformed(len(data))
 
 
-def require_file(path: str, what: str = "store") -> None:
-    """CommandError(66) unless something exists at `path` (what it is, the store's own checks decide)."""
+def require_file(path: str, what: str = "store", arg: str = "FILE") -> str:
+    """`path` (named as `arg`) when it is UTF-8 text and something exists there, else CommandError.
+
+    64 for a path that is not UTF-8, 66 when nothing is there; what the file is, the reader decides.
+    """
+    path = text_path(path, arg)
     try:
         os.lstat(path)
     except FileNotFoundError:
         raise CommandError(EXIT_NOINPUT, f"{what} {path!r} does not exist") from None
+    return path
 
 
 def check_tables(backend: SqliteBackend, tables: Sequence[str] = tuple(TABLES)) -> None:
@@ -94,23 +150,23 @@ def open_store(path: str, *, key: bytes | None = None, seal: str | bool | None =
     `seal`: a seal file to check on open, ``None`` for ``<path>.seal`` when it exists, ``False`` for
     none (the audit checks the seal itself, after the replay, so that its report is whole).
     `need_key`: refuse a keyed store opened without its key (StoreKeyError) instead of reading it
-    unverified. A key for a store that is not keyed is refused too.
+    unverified. A key for a store that claims to be unkeyed is refused as tampering (see `DOWNGRADED`).
     """
     require_file(path)
+    if isinstance(seal, str):
+        require_file(seal, "seal", "--seal")
     backend = SqliteBackend(path, durability="full", busy_timeout_ms=BUSY_TIMEOUT_MS, read_only=True)
     try:
         check_tables(backend)
         keyed = backend.meta("key_id") is not None
         if key is not None and not keyed:
-            raise StoreKeyError("the store is not keyed: its events were hashed without a key (drop --key-file)")
+            raise CommandError(EXIT_DATAERR, DOWNGRADED.format(what="store"))
         if need_key and keyed and key is None:
             raise StoreKeyError("the store is keyed: its hashes are MACs, so checking them needs --key-file")
         store = EventStore(backend, key=key, now=lambda: time.time_ns() // 1_000_000)
         if seal is not False:
             seal_path = seal if isinstance(seal, str) else path + ".seal"
-            if isinstance(seal, str):
-                require_file(seal_path, "seal")
-            if os.path.lexists(seal_path):
+            if os.path.lexists(seal_path):  # a link there, dangling or not, is read and refused, never skipped
                 store.check_seal(seal_path)
     except BaseException:
         backend.close()
@@ -119,12 +175,20 @@ def open_store(path: str, *, key: bytes | None = None, seal: str | bool | None =
 
 
 def default_seal(path: str, seal: str | None) -> str | None:
-    """The seal the audit checks: `seal` when named (it must exist), else ``<path>.seal`` when present."""
+    """The seal the audit checks: `seal` when named (it must exist), else ``<path>.seal`` when present.
+
+    Either must be a regular file, not a link, FIFO or device (CommandError 65 before the audit starts).
+    """
     if seal is not None:
-        require_file(seal, "seal")
-        return seal
-    beside = path + ".seal"
-    return beside if os.path.lexists(beside) else None
+        seal = require_file(seal, "seal", "--seal")
+    else:
+        beside = text_path(path, "FILE") + ".seal"
+        if not os.path.lexists(beside):
+            return None
+        seal = beside
+    with input_file(seal, what="seal", arg="--seal", limit=MAX_SEAL_BYTES):
+        pass  # what the file is, checked here; what it holds, by the audit
+    return seal
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:

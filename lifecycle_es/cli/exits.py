@@ -3,10 +3,15 @@
 The codes follow sysexits, as `lifecycle_es.errors` does for processes that stop on its errors:
 
     0   EXIT_OK          the command did what was asked (audit: the log is whole)
-    64  EXIT_USAGE       bad usage: unknown option, bad value, malformed key file
+    64  EXIT_USAGE       bad usage: unknown option, bad value, a path that is not UTF-8, a malformed
+                         key file or one group or others may use (chmod 600 it)
     65  EXIT_DATAERR     the data is wrong: integrity failure, illegal transition, behind its seal,
-                         not a lifecycle-es file, snapshot or read model differs from a replay
-    66  EXIT_NOINPUT     a file (store, seal, key, export) or a runner named does not exist
+                         not a lifecycle-es file, snapshot or read model differs from a replay; a
+                         file named (store, seal, key, export) that is a link, a FIFO, a device or a
+                         directory, or too large to be what it must be; a key given for a store or
+                         export that claims to be unkeyed (a downgrade is tampering)
+    66  EXIT_NOINPUT     a file (store, seal, key, export) or a runner named does not exist, or the
+                         operating system will not open it
     70  EXIT_SOFTWARE    a bug: something raised that nothing here expected
     73  EXIT_CANTCREAT   an output file exists already (export, import never overwrite)
     74  EXIT_IOERR       the operating system failed a read or a write (or the disk is full)

@@ -16,25 +16,28 @@ import argparse
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 import msgspec
 
 from lifecycle_es import chain
 from lifecycle_es.backend import Row
 from lifecycle_es.errors import StoreKeyError
+from lifecycle_es.files import text_path
 from lifecycle_es.sqlite import create_store
 from lifecycle_es.store import EventStore
 
-from .access import open_store, read_key_file, require_file
+from .access import DOWNGRADED, input_file, open_store, read_key_file, require_file
 from .exits import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_OK, CommandError
 from .render import Progress
 
 FORMAT = "lifecycle-es-export"
 FORMAT_VERSION = 1
-# An event body is a few hundred bytes; a line far beyond this is not an export, and must not be
-# read whole into memory to find that out.
-MAX_LINE_BYTES = 64 << 20
+# An export line is one event: its body in hex (an event body is at most 512 KiB, the store's bound)
+# and a few hundred bytes of other columns. A longer line is not an export's; it is refused once that
+# many bytes are read, never read whole to find that out (the file itself may be any size).
+MAX_EVENT_BODY_BYTES = 512 << 10
+MAX_LINE_BYTES = 2 * MAX_EVENT_BODY_BYTES + (64 << 10)
 
 
 class ExportHeader(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -88,7 +91,7 @@ def register(subparsers: Any) -> None:
 def run_export(args: argparse.Namespace) -> int:
     """Write the export, no-clobber, and say what it holds."""
     require_file(args.file)
-    _refuse_existing(args.out)
+    _refuse_existing(args.out, "OUT.jsonl")
     encoder = msgspec.json.Encoder()
     with open_store(args.file) as store, store.backend.read_tx("export"), _new_file(args.out) as out:
         head = store.head()
@@ -109,8 +112,8 @@ def run_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _refuse_existing(path: str) -> None:
-    if os.path.lexists(path):
+def _refuse_existing(path: str, arg: str) -> None:
+    if os.path.lexists(text_path(path, arg)):
         raise CommandError(EXIT_CANTCREAT, f"{path!r} exists; it is not overwritten")
 
 
@@ -143,12 +146,14 @@ def _new_file(path: str) -> Iterator[IO[bytes]]:
 
 def run_import(args: argparse.Namespace) -> int:
     """Verify the export, write the new store, verify it."""
-    require_file(args.source, "export")
-    _refuse_existing(args.file)
+    _refuse_existing(args.file, "FILE")
     key = read_key_file(args.key_file) if args.key_file else None
-    header = verify_export(args.source, key)
-    create_store(args.file, store_id=bytes.fromhex(header.store_id), key_id=header.key_id,
-                 rows=_rows(args.source))
+    # One open for both passes: the rows written are read from the file whose chain was verified.
+    with input_file(args.source, what="export", arg="IN.jsonl") as source:
+        header = verify_export(source, args.source, key)
+        source.seek(0)
+        create_store(args.file, store_id=bytes.fromhex(header.store_id), key_id=header.key_id,
+                     rows=_rows(source, args.source))
     try:
         # A read-write open turns on WAL and the profile; verify() then proves the new file's chain.
         with EventStore.open(args.file, key=key) as store:
@@ -167,19 +172,19 @@ def run_import(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _lines(path: str) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) of `path`, refusing a line too long to be an export's."""
-    with open(path, "rb") as handle:
-        number = 0
-        while True:
-            line = handle.readline(MAX_LINE_BYTES + 1)
-            if not line:
-                return
-            number += 1
-            if len(line) > MAX_LINE_BYTES:
-                raise CommandError(EXIT_DATAERR, f"{path}: line {number} is longer than {MAX_LINE_BYTES:,} bytes: "
-                                                 "not an export")
-            yield number, line
+def _lines(source: BinaryIO, path: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of the export `source` from where it stands, refusing a line too long to be an
+    export's: the file is streamed, never read whole, however large it is."""
+    number = 0
+    while True:
+        line = source.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > MAX_LINE_BYTES:
+            raise CommandError(EXIT_DATAERR, f"{path}: line {number} is longer than {MAX_LINE_BYTES:,} bytes: "
+                                             "not an export")
+        yield number, line
 
 
 def _bad(path: str, number: int, reason: str) -> CommandError:
@@ -203,10 +208,10 @@ def _header(path: str, lines: Iterator[tuple[int, bytes]]) -> ExportHeader:
     return header
 
 
-def _decoded_rows(path: str) -> Iterator[tuple[int, Row]]:
+def _decoded_rows(source: BinaryIO, path: str) -> Iterator[tuple[int, Row]]:
     """(line number, row) for every row line, each decoded and its hex turned to bytes."""
     decoder = msgspec.json.Decoder(ExportRow)
-    lines = _lines(path)
+    lines = _lines(source, path)
     _header(path, lines)
     for number, line in lines:
         try:
@@ -217,25 +222,28 @@ def _decoded_rows(path: str) -> Iterator[tuple[int, Row]]:
             raise _bad(path, number, f"not an export row ({exc})") from None
 
 
-def _rows(path: str) -> Iterator[Row]:
-    for _, row in _decoded_rows(path):
+def _rows(source: BinaryIO, path: str) -> Iterator[Row]:
+    for _, row in _decoded_rows(source, path):
         yield row
 
 
-def verify_export(path: str, key: bytes | None) -> ExportHeader:
-    """Prove the export's whole chain (seqs, versions, links, hashes or MACs) and return its header."""
-    header = _header(path, _lines(path))
+def verify_export(source: BinaryIO, path: str, key: bytes | None) -> ExportHeader:
+    """Prove the whole chain of the export open as `source` (seqs, versions, links, hashes or MACs) and
+    return its header; `path` names it in messages."""
+    source.seek(0)
+    header = _header(path, _lines(source, path))
     if header.key_id is not None and key is None:
         raise StoreKeyError("the export is of a keyed store: verifying its MACs needs --key-file")
     if header.key_id is None and key is not None:
-        raise StoreKeyError("the export is of a store that is not keyed (drop --key-file)")
+        raise CommandError(EXIT_DATAERR, DOWNGRADED.format(what="export"))
     if key is not None and chain.key_id(key) != header.key_id:
         raise StoreKeyError("wrong key: its key id differs from the one the export names")
     prev = chain.genesis(bytes.fromhex(header.store_id), key)
     versions: dict[str, int] = {}
     expected = 1
     bar = Progress("verify export", header.events)
-    for number, (seq, stream, version, type_, at, body, row_prev, digest) in _decoded_rows(path):
+    source.seek(0)
+    for number, (seq, stream, version, type_, at, body, row_prev, digest) in _decoded_rows(source, path):
         if seq != expected:
             raise _bad(path, number, f"seq {seq} where {expected} was due")
         if version != versions.get(stream, 0) + 1:
