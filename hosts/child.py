@@ -54,6 +54,7 @@ import msgspec
 
 from lifecycle_es.errors import InvalidInputError
 from lifecycle_es.events import UnitRecord
+from lifecycle_es.files import read_regular
 from lifecycle_es.values import Resources
 
 from .proc import (
@@ -91,7 +92,7 @@ try:
     stage = "pid file"
     with open("/proc/self/stat", "rb") as f:
         ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-    record = {"pid": os.getpid(), "start_ticks": ticks, "boot_id": boot_id, "host": host}
+    record = {"pid": os.getpid(), "start_ticks": ticks, "boot_id": boot_id, "host": host, "argv": argv}
     fd = os.open(pid_file + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     os.write(fd, json.dumps(record).encode())
     os.close(fd)
@@ -118,6 +119,8 @@ _HIGH_FD = 10
 _EXEC_REPORT_TIMEOUT_S = 30.0
 _TOKEN_TIMEOUT_S = 30.0
 _KILL_WAIT_MS = 5_000
+# The wrapper's pid file is four short fields and the argv: a megabyte holds any sane command.
+_PID_FILE_LIMIT = 1 << 20
 
 
 class ChildExit(msgspec.Struct, frozen=True, kw_only=True):
@@ -269,19 +272,21 @@ class ChildUnits:
 
     # --- observe ------------------------------------------------------------------------------------
 
-    def find(self, run_dir: str | os.PathLike[str]) -> UnitRecord | None:
+    def find(self, run_dir: str | os.PathLike[str], command: Sequence[str] | None = None) -> UnitRecord | None:
         """The handle of the unit last started in `run_dir`, from the pid file its wrapper wrote before
-        the exec; None when there is none or it cannot be read. For a host that crashed between its
-        intent (UnitStarting) and the outcome: `status` then says whether that unit still runs."""
+        the exec; None when there is none, it cannot be read (a link, a FIFO, too large, not the
+        wrapper's shape), or, with `command`, it ran another command. For a host that crashed between
+        its intent (UnitStarting) and the outcome: `status` then says whether that unit still runs."""
         try:
-            with open(Path(run_dir) / PID_FILE, "rb") as f:
-                raw = msgspec.json.decode(f.read())
-        except (OSError, msgspec.DecodeError):
+            raw = msgspec.json.decode(read_regular(Path(run_dir) / PID_FILE, limit=_PID_FILE_LIMIT, what=PID_FILE))
+        except (OSError, msgspec.DecodeError, RecursionError):  # a link, a FIFO, too large: not the wrapper's
             return None
         if not isinstance(raw, dict):
             return None
         pid, ticks, boot, host = (raw.get(k) for k in ("pid", "start_ticks", "boot_id", "host"))
         if type(pid) is not int or type(ticks) is not int or not isinstance(boot, str) or not isinstance(host, str):
+            return None
+        if command is not None and raw.get("argv") != list(command):
             return None
         return UnitRecord(mode="child", host=host, boot_id=boot, run_dir=str(run_dir), pid=pid, start_ticks=ticks)
 
