@@ -3,10 +3,11 @@
 Start: the host spawns a tiny wrapper (this interpreter, isolated: ``-I -S``) with ``setsid``, a
 minimal environment (the caller's ``env``, then ``PATH`` = `SAFE_PATH`, ``LANG=C.UTF-8`` and ``HOME``
 over it), stdin a pipe, stdout and stderr appended to the run directory's ``unit.log`` (0600). The
-wrapper writes ``unit.pid`` in the run directory (pid, start ticks, boot id, host: `find` reads it
-back for a host that crashed before it recorded the start), sets the rlimits (``RLIMIT_CPU`` soft
-``cpu_seconds``, hard one more; ``RLIMIT_AS`` ``memory_bytes``; ``RLIMIT_CORE`` 0, so a SIGXCPU death
-writes no core into the work dir), changes into the work directory and execs the command: same pid,
+wrapper writes ``unit.pid`` in the run directory (pid, start ticks, boot id, host and argv: `find`
+reads it back, the safe way and only for the intent's command, for a host that crashed before it
+recorded the start), sets the rlimits (``RLIMIT_CPU`` soft ``cpu_seconds``, hard one more;
+``RLIMIT_AS`` ``memory_bytes``; ``RLIMIT_CORE`` 0, so a SIGXCPU death writes no core into the work
+dir), changes into the work directory and execs the command: same pid,
 same start ticks, so the handle names the unit itself. The wrapper reports a failed exec through a
 close-on-exec pipe, so a command that cannot run fails `start` rather than leaving a handle to a dead
 process. The wrapper, not ``preexec_fn``, sets the limits because ``preexec_fn`` is not safe in a host
@@ -49,6 +50,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from stat import S_ISREG
 
 import msgspec
 
@@ -198,10 +200,15 @@ class ChildUnits:
 
         try:
             try:
+                # A unit that ran here before may have left a FIFO in the log's place: O_NONBLOCK makes
+                # its open fail (no reader) or return at once, never wait for a reader.
                 log_fd = high(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                                      | os.O_CLOEXEC, 0o600))
+                                      | os.O_NONBLOCK | os.O_CLOEXEC, 0o600))
             except OSError as exc:
                 raise UnitStartError(f"cannot open the unit log {str(log_path)!r}: {exc.strerror}") from exc
+            if not S_ISREG(os.fstat(log_fd).st_mode):
+                raise UnitStartError(f"the unit log {str(log_path)!r} is not a regular file")
+            os.set_blocking(log_fd, True)
             os.fchmod(log_fd, 0o600)
             stdin_r, stdin_w = (high(fd) for fd in os.pipe())
             report_r, report_w = (high(fd) for fd in os.pipe())

@@ -351,3 +351,10 @@ def test_the_wrapper_writes_the_pid_file_find_reads(units: ChildUnits, run: RunD
     command = py("import sys, time\nsys.stdin.read()\ntime.sleep(120)\n")
     handle = units.start(command, run_dir=run.path, token=TOKEN, resources=ROOMY)
     assert units.find(run.path, command) == handle
+
+
+def test_a_unit_log_left_as_a_fifo_fails_the_start_without_hanging(units: ChildUnits, run: RunDir) -> None:
+    os.mkfifo(run.log_path)
+    with pytest.raises(UnitStartError, match="unit log"):
+        returns_within(lambda: units.start(py("import time\ntime.sleep(120)"), run_dir=run.path, token=TOKEN,
+                                           resources=ROOMY), 20, fifo=run.log_path)

@@ -28,8 +28,8 @@ def returns_within(call: Callable[[], T], timeout_s: float = 20.0, *, fifo: str 
     """`call()`'s result (or its exception), failing the test when it has not returned in `timeout_s`.
 
     For code that could block for ever (an open or read of a FIFO): a regression fails instead of
-    hanging the suite. `fifo`, when given, is opened for writing after a timeout so that a reader
-    blocked on it returns and its thread ends.
+    hanging the suite. `fifo`, when given, is opened at both ends after a timeout so that a reader or
+    writer blocked on opening it returns and its thread ends.
     """
     box: dict[str, Any] = {}
 
@@ -43,9 +43,9 @@ def returns_within(call: Callable[[], T], timeout_s: float = 20.0, *, fifo: str 
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        if fifo is not None:
+        for flags in ((os.O_RDONLY | os.O_NONBLOCK, os.O_WRONLY | os.O_NONBLOCK) if fifo is not None else ()):
             with contextlib.suppress(OSError):
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                os.close(os.open(fifo, flags))  # type: ignore[arg-type]
         pytest.fail(f"{getattr(call, '__name__', 'the call')} did not return within {timeout_s} s")
     if "error" in box:
         raise box["error"]
