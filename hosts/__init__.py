@@ -1,14 +1,17 @@
 """Side effects: the local host driver's primitives (processes, systemd units, run dirs, parking).
 
 Modules: `hosts.proc` (/proc, the boot, how a death reads, running a command), `hosts.child` (child
-mode units), `hosts.systemd` (systemd mode units), `hosts.rundir` (a lease's held run directory) and
-`hosts.park` (parking and drain decisions from a unit's task report). Each imports lifecycle_es for its
+mode units), `hosts.systemd` (systemd mode units), `hosts.rundir` (a lease's held run directory),
+`hosts.unitfiles` (the host's proof of the units it started, and a unit's result read safely),
+`hosts.park` (parking and drain decisions from a unit's task report), `hosts.reconcile` (the pass that
+converges the log and the machine) and `hosts.local` (`LocalHost`). Each imports lifecycle_es for its
 errors and values; lifecycle_es never imports hosts.
 """
 
 from .child import ChildExit, ChildUnits
 from .park import (
     LOCAL_PARK_THRESHOLD_MS,
+    STATUS_LIMIT,
     Busy,
     BusyState,
     Idle,
@@ -28,8 +31,10 @@ from .proc import (
     Exec,
     HostError,
     ProcStat,
+    UnitFileError,
     UnitStartError,
     UnitStopError,
+    UnprovenUnitError,
     current_boot_id,
     pid_alive,
     proc_start_ticks,
@@ -37,7 +42,7 @@ from .proc import (
     resource_limit_death,
     run_command,
 )
-from .rundir import RunDir, RunDirHeldError, open_run_dir
+from .rundir import RunDir, RunDirHeldError, open_run_dir, safe_run_root
 from .systemd import (
     DEFAULT_TOKEN_DIR,
     TERMINAL_EXITS,
@@ -50,12 +55,16 @@ from .systemd import (
     unit_name,
     unit_status,
 )
+from .unitfiles import HANDLE_FILE, RESULT_LIMIT, HandleProof, read_proof, result_digest, unproven, write_proof
 
 __all__ = [
     "DEFAULT_TOKEN_DIR",
     "EXIT_OUT_OF_MEMORY",
+    "HANDLE_FILE",
     "LOCAL_PARK_THRESHOLD_MS",
+    "RESULT_LIMIT",
     "SAFE_PATH",
+    "STATUS_LIMIT",
     "TERMINAL_EXITS",
     "UNIT_SAFE",
     "Busy",
@@ -64,6 +73,7 @@ __all__ = [
     "ChildUnits",
     "CommandResult",
     "Exec",
+    "HandleProof",
     "HostError",
     "Idle",
     "ProcStat",
@@ -73,8 +83,10 @@ __all__ = [
     "SystemdUnits",
     "Task",
     "UnitExit",
+    "UnitFileError",
     "UnitStartError",
     "UnitStopError",
+    "UnprovenUnitError",
     "Waiting",
     "busy_state",
     "current_boot_id",
@@ -85,12 +97,17 @@ __all__ = [
     "pid_alive",
     "proc_start_ticks",
     "proc_stat",
+    "read_proof",
     "read_status",
     "resource_limit_death",
+    "result_digest",
     "run_command",
+    "safe_run_root",
     "systemd_run_argv",
     "unit_exit",
     "unit_name",
     "unit_status",
+    "unproven",
+    "write_proof",
     "write_status",
 ]

@@ -3,10 +3,11 @@
 Start: the host spawns a tiny wrapper (this interpreter, isolated: ``-I -S``) with ``setsid``, a
 minimal environment (the caller's ``env``, then ``PATH`` = `SAFE_PATH`, ``LANG=C.UTF-8`` and ``HOME``
 over it), stdin a pipe, stdout and stderr appended to the run directory's ``unit.log`` (0600). The
-wrapper writes ``unit.pid`` in the run directory (pid, start ticks, boot id, host: `find` reads it
-back for a host that crashed before it recorded the start), sets the rlimits (``RLIMIT_CPU`` soft
-``cpu_seconds``, hard one more; ``RLIMIT_AS`` ``memory_bytes``; ``RLIMIT_CORE`` 0, so a SIGXCPU death
-writes no core into the work dir), changes into the work directory and execs the command: same pid,
+wrapper writes ``unit.pid`` in the run directory (pid, start ticks, boot id, host and argv: `find`
+reads it back, the safe way and only for the intent's command, for a host that crashed before it
+recorded the start), sets the rlimits (``RLIMIT_CPU`` soft ``cpu_seconds``, hard one more;
+``RLIMIT_AS`` ``memory_bytes``; ``RLIMIT_CORE`` 0, so a SIGXCPU death writes no core into the work
+dir), changes into the work directory and execs the command: same pid,
 same start ticks, so the handle names the unit itself. The wrapper reports a failed exec through a
 close-on-exec pipe, so a command that cannot run fails `start` rather than leaving a handle to a dead
 process. The wrapper, not ``preexec_fn``, sets the limits because ``preexec_fn`` is not safe in a host
@@ -49,11 +50,13 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from stat import S_ISREG
 
 import msgspec
 
 from lifecycle_es.errors import InvalidInputError
 from lifecycle_es.events import UnitRecord
+from lifecycle_es.files import read_regular
 from lifecycle_es.values import Resources
 
 from .proc import (
@@ -91,7 +94,7 @@ try:
     stage = "pid file"
     with open("/proc/self/stat", "rb") as f:
         ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-    record = {"pid": os.getpid(), "start_ticks": ticks, "boot_id": boot_id, "host": host}
+    record = {"pid": os.getpid(), "start_ticks": ticks, "boot_id": boot_id, "host": host, "argv": argv}
     fd = os.open(pid_file + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     os.write(fd, json.dumps(record).encode())
     os.close(fd)
@@ -118,6 +121,8 @@ _HIGH_FD = 10
 _EXEC_REPORT_TIMEOUT_S = 30.0
 _TOKEN_TIMEOUT_S = 30.0
 _KILL_WAIT_MS = 5_000
+# The wrapper's pid file is four short fields and the argv: a megabyte holds any sane command.
+_PID_FILE_LIMIT = 1 << 20
 
 
 class ChildExit(msgspec.Struct, frozen=True, kw_only=True):
@@ -195,10 +200,15 @@ class ChildUnits:
 
         try:
             try:
+                # A unit that ran here before may have left a FIFO in the log's place: O_NONBLOCK makes
+                # its open fail (no reader) or return at once, never wait for a reader.
                 log_fd = high(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                                      | os.O_CLOEXEC, 0o600))
+                                      | os.O_NONBLOCK | os.O_CLOEXEC, 0o600))
             except OSError as exc:
                 raise UnitStartError(f"cannot open the unit log {str(log_path)!r}: {exc.strerror}") from exc
+            if not S_ISREG(os.fstat(log_fd).st_mode):
+                raise UnitStartError(f"the unit log {str(log_path)!r} is not a regular file")
+            os.set_blocking(log_fd, True)
             os.fchmod(log_fd, 0o600)
             stdin_r, stdin_w = (high(fd) for fd in os.pipe())
             report_r, report_w = (high(fd) for fd in os.pipe())
@@ -269,19 +279,21 @@ class ChildUnits:
 
     # --- observe ------------------------------------------------------------------------------------
 
-    def find(self, run_dir: str | os.PathLike[str]) -> UnitRecord | None:
+    def find(self, run_dir: str | os.PathLike[str], command: Sequence[str] | None = None) -> UnitRecord | None:
         """The handle of the unit last started in `run_dir`, from the pid file its wrapper wrote before
-        the exec; None when there is none or it cannot be read. For a host that crashed between its
-        intent (UnitStarting) and the outcome: `status` then says whether that unit still runs."""
+        the exec; None when there is none, it cannot be read (a link, a FIFO, too large, not the
+        wrapper's shape), or, with `command`, it ran another command. For a host that crashed between
+        its intent (UnitStarting) and the outcome: `status` then says whether that unit still runs."""
         try:
-            with open(Path(run_dir) / PID_FILE, "rb") as f:
-                raw = msgspec.json.decode(f.read())
-        except (OSError, msgspec.DecodeError):
+            raw = msgspec.json.decode(read_regular(Path(run_dir) / PID_FILE, limit=_PID_FILE_LIMIT, what=PID_FILE))
+        except (OSError, msgspec.DecodeError, RecursionError):  # a link, a FIFO, too large: not the wrapper's
             return None
         if not isinstance(raw, dict):
             return None
         pid, ticks, boot, host = (raw.get(k) for k in ("pid", "start_ticks", "boot_id", "host"))
         if type(pid) is not int or type(ticks) is not int or not isinstance(boot, str) or not isinstance(host, str):
+            return None
+        if command is not None and raw.get("argv") != list(command):
             return None
         return UnitRecord(mode="child", host=host, boot_id=boot, run_dir=str(run_dir), pid=pid, start_ticks=ticks)
 

@@ -26,6 +26,12 @@ counts as a task that needs the unit: a unit whose report cannot be read is kept
 mid-work. No file at all is `read_status` returning None; the driver then knows nothing and keeps the
 unit up too.
 
+The unit is not trusted with the host's resources, though: ``status.json`` is opened without following
+a link and without blocking, must be a regular file, and may hold at most `STATUS_LIMIT` bytes (1 MiB,
+far more than any report needs; `lifecycle_es.files` reads it). A link, a FIFO, a device or a larger
+file is `UnitFileError`: the unit broke the host's rules, and the host ends it as a failed unit
+(`hosts.local`).
+
 The decisions are pure (no clock, no I/O): `busy_state` for parking, `drain_state` for drain. Around
 them, as the seed's park module has them: `parking_decision` and `watch_parking` (when a unit may be
 parked), `drain` (wait until no work needs the unit, or the deadline) and `record_wake` (the wake
@@ -45,13 +51,17 @@ import msgspec
 
 from lifecycle_es.errors import InvalidInputError
 from lifecycle_es.events import UnitWakeRecorded
+from lifecycle_es.files import read_regular
 from lifecycle_es.lifecycle import RunnerLifecycle
 from lifecycle_es.values import safe_id
 
+from .proc import unit_file_error
 from .rundir import STATUS_FILE
 
 # A wait no longer than this keeps the unit up: far above twice the time a unit takes to start.
 LOCAL_PARK_THRESHOLD_MS = 60_000
+# The most ``status.json`` may hold: a report of thousands of tasks fits many times over.
+STATUS_LIMIT = 1 << 20
 RUNNABLE = frozenset({"running", "ready"})
 DEPENDENT = frozenset({"waiting", "completing"})
 # Not a state a unit writes: what a task this module could not read becomes (it counts as busy).
@@ -148,7 +158,7 @@ def parse_status(data: bytes) -> StatusReport:
     """A report from the bytes of ``status.json``; what cannot be read counts as one busy task."""
     try:
         raw = msgspec.json.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nesting too deep for the decoder is unreadable too
         return StatusReport(tasks=(Task(id="", state=UNREADABLE),))
     if not isinstance(raw, dict) or not isinstance(raw.get("tasks"), list):
         return StatusReport(tasks=(Task(id="", state=UNREADABLE),))
@@ -158,12 +168,19 @@ def parse_status(data: bytes) -> StatusReport:
 
 
 def read_status(run_dir: str | os.PathLike[str]) -> StatusReport | None:
-    """The unit's report from ``<run_dir>/status.json``, or None when it wrote none."""
+    """The unit's report from ``<run_dir>/status.json``, or None when it wrote none.
+
+    Raises `UnitFileError` when the file is a link, not a regular file, larger than `STATUS_LIMIT`,
+    or unreadable (see the module docstring).
+    """
+    path = Path(run_dir) / STATUS_FILE
     try:
-        with open(Path(run_dir) / STATUS_FILE, "rb") as f:
-            return parse_status(f.read())
+        data = read_regular(path, limit=STATUS_LIMIT, what=STATUS_FILE)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise unit_file_error(exc, path, STATUS_FILE) from exc
+    return parse_status(data)
 
 
 def write_status(run_dir: str | os.PathLike[str], tasks: Sequence[Task], updated_at: int) -> None:
@@ -187,7 +204,8 @@ def write_status(run_dir: str | os.PathLike[str], tasks: Sequence[Task], updated
 def parking_decision(run_dir: str | os.PathLike[str], now: int, threshold_ms: int) -> Waiting | None:
     """Waiting(until) when the unit's report says its work only waits beyond `threshold_ms`; else None.
 
-    No report, or one that cannot be read, is None: a unit the host knows nothing about stays up.
+    No report, or one that cannot be parsed, is None: a unit the host knows nothing about stays up. A
+    report file that breaks the rules raises `UnitFileError` (see `read_status`).
     """
     report = read_status(run_dir)
     if report is None:
@@ -217,7 +235,8 @@ def drain(run_dir: str | os.PathLike[str], *, deadline: int, now: Callable[[], i
     """Wait until no task needs the unit (its report reads Idle or Waiting) or `deadline` (epoch ms).
 
     Returns the last classification: Busy means the deadline passed with work running, which the
-    stop interrupts. A unit with no report is Busy: only its exit, or the deadline, ends its drain.
+    stop interrupts. A unit with no report is Busy: only its exit, or the deadline, ends its drain. A
+    report file that breaks the rules raises `UnitFileError` (see `read_status`).
     """
     while True:
         report = read_status(run_dir)

@@ -29,6 +29,8 @@ Errors::
     └── HostError                        a host side effect (start, signal, stop, run dir) failed
         ├── UnitStartError               a unit could not be started; nothing is left running
         ├── UnitStopError                a unit is still running after every way of stopping it
+        ├── UnitFileError                a file the unit controls breaks the host's rules (a unit failure)
+        ├── UnprovenUnitError            a recorded unit this host cannot prove it started (never signalled)
         └── RunDirHeldError              another process holds the run directory (exit_code 76)
 """
 
@@ -45,6 +47,7 @@ from typing import Protocol
 import msgspec
 
 from lifecycle_es.errors import InvalidInputError, LifecycleError
+from lifecycle_es.files import UnsafeFileError
 from lifecycle_es.values import shown
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -67,6 +70,24 @@ class UnitStartError(HostError):
 
 class UnitStopError(HostError):
     """A unit is still running after every way of stopping it was tried."""
+
+
+class UnitFileError(HostError):
+    """A file the unit controls (``status.json``, ``result``) is a link, not a regular file, too large
+    or unreadable: the unit broke the host's rules, and its lease ends as a unit failure."""
+
+
+class UnprovenUnitError(HostError):
+    """A unit handle this host cannot prove it started (see `hosts.unitfiles`): it is never signalled."""
+
+
+def unit_file_error(exc: OSError, path: str | os.PathLike[str], what: str) -> UnitFileError:
+    """The UnitFileError for a refused read of a unit's file (`lifecycle_es.files` says what was wrong)."""
+    if isinstance(exc, UnsafeFileError):
+        reason = exc.strerror
+    else:
+        reason = f"cannot read {what} {os.fspath(path)!r}: {exc.strerror}"
+    return UnitFileError(f"the unit broke the host's file rules: {reason}")
 
 
 class ProcStat(msgspec.Struct, frozen=True, kw_only=True):

@@ -7,7 +7,14 @@ Layout, under the host's run root (created 0700 when missing)::
         work/                      0700, the unit's working directory
         unit.log                   0600, the unit's stdout and stderr (child mode; systemd when asked)
         unit.pid                   0600, a child-mode unit's pid, start ticks, boot and host (hosts.child)
-        status.json                the unit's task report (hosts.park)
+        unit.handle                0600, the host's proof of the unit it started (hosts.unitfiles)
+        unit.exit                  a systemd unit's last exit, written by its ExecStopPost (hosts.systemd)
+        status.json                the unit's task report (hosts.park), at most 1 MiB
+        result                     the unit's result, hashed to settle its lease (hosts.unitfiles), at most 1 GiB
+
+Files a unit may write (``status.json``, ``result``) are read without following links or blocking,
+must be regular files and are bounded (`lifecycle_es.files`); the run root must be valid UTF-8 text
+(`safe_run_root`).
 
 The owner lock is ``fcntl.flock`` on ``owner.lock``, taken without blocking: a second holder (another
 host process, or a second open in the same process, since flock locks belong to an open file) gets
@@ -31,7 +38,7 @@ from pathlib import Path
 from types import TracebackType
 
 from lifecycle_es.errors import EXIT_HELD, InvalidInputError
-from lifecycle_es.values import safe_id
+from lifecycle_es.values import safe_id, shown
 
 from .proc import HostError
 
@@ -104,6 +111,27 @@ class RunDir:
         return f"<RunDir {str(self.path)!r} {'held' if self.held else 'released'}>"
 
 
+def safe_run_root(value: object) -> str:
+    """An absolute run root, as text the log can hold: a str or path without NUL or lone surrogates.
+
+    A relative path is made absolute (against the current directory). Raises InvalidInputError naming
+    ``run_root`` otherwise: a lone surrogate could name no file the log could record, and a NUL no file.
+    """
+    if not isinstance(value, str | os.PathLike):
+        raise InvalidInputError("run_root", f"run_root must be a path, got {type(value).__name__}")
+    text = os.fspath(value)
+    if not isinstance(text, str):
+        raise InvalidInputError("run_root", "run_root must be a text path, not bytes")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError("run_root", f"run_root {shown(text)} is not valid text (it holds a lone "
+                                            "surrogate); name the directory in UTF-8") from None
+    if not text or "\0" in text:
+        raise InvalidInputError("run_root", f"run_root {shown(text)} must be a non-empty path without NUL")
+    return str(Path(text).absolute())
+
+
 def open_run_dir(root: str | os.PathLike[str], lease_id: str) -> RunDir:
     """Make (or reuse) ``<root>/<lease id>/`` with ``work/`` inside, and take its owner lock.
 
@@ -112,13 +140,14 @@ def open_run_dir(root: str | os.PathLike[str], lease_id: str) -> RunDir:
     `HostError` for a path that is not a real directory of this host's user.
     """
     safe_id(lease_id, "lease_id")
-    base = Path(root)
-    if not base.is_absolute():
-        raise InvalidInputError("run_root", f"run_root must be an absolute path, got {str(base)!r}")
+    if not Path(root).is_absolute():
+        raise InvalidInputError("run_root", f"run_root must be an absolute path, got {str(root)!r}")
+    base = Path(safe_run_root(root))
     _real_dir(base)
     path = base / lease_id
     _real_dir(path)
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    # O_NONBLOCK: a FIFO put in the lock's place cannot hang the open (it is then refused as not regular).
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
         fd = os.open(path / OWNER_LOCK, flags, 0o600)
     except OSError as exc:
@@ -126,6 +155,8 @@ def open_run_dir(root: str | os.PathLike[str], lease_id: str) -> RunDir:
             raise HostError(f"{path / OWNER_LOCK} is a symbolic link; it is never followed") from exc
         raise
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise HostError(f"{path / OWNER_LOCK} is not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:

@@ -52,6 +52,7 @@ import msgspec
 
 from lifecycle_es.errors import EXIT_DATAERR, EXIT_FENCED, EXIT_HELD, EXIT_SOFTWARE, InvalidInputError
 from lifecycle_es.events import UnitRecord
+from lifecycle_es.files import read_regular
 from lifecycle_es.values import Resources, safe_id, shown
 
 from .proc import (
@@ -247,9 +248,8 @@ def unit_exit(show: Mapping[str, str]) -> UnitExit | None:
 def read_exit_record(path: str | os.PathLike[str]) -> UnitExit | None:
     """How a unit ended, from the record its ``ExecStopPost`` wrote (see `systemd_run_argv`), or None."""
     try:
-        with open(path, "rb") as handle:
-            fields = handle.read(256).decode("ascii", "replace").split()
-    except OSError:
+        fields = read_regular(path, limit=256, what=EXIT_FILE).decode("ascii", "replace").split()
+    except OSError:  # missing, or a link, FIFO or large file in its place: no record of ours
         return None
     if len(fields) != 3 or fields[1] not in ("exited", "killed", "dumped"):
         return None

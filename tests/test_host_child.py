@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from waiting import wait_for
+from waiting import returns_within, wait_for
 
 import hosts.child as child_module
 from hosts.child import ChildUnits
@@ -325,3 +325,36 @@ def test_find_reads_only_a_well_formed_pid_file(units: ChildUnits, run: RunDir) 
     for body in (b"", b"[]", b'{"pid": "1", "start_ticks": 2, "boot_id": "b", "host": "h"}'):
         (run.path / "unit.pid").write_bytes(body)
         assert units.find(run.path) is None
+    good = {"pid": 1234, "start_ticks": 5, "boot_id": "b", "host": "h", "argv": ["sleep", "60"]}
+    (run.path / "unit.pid").write_text(json.dumps(good))
+    assert units.find(run.path, ["sleep", "60"]) == UnitRecord(mode="child", host="h", boot_id="b",
+                                                               run_dir=str(run.path), pid=1234, start_ticks=5)
+    assert units.find(run.path, ["sleep", "61"]) is None  # the pid file of a unit that ran another command
+    assert units.find(run.path, None) is not None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "nested"])
+def test_find_refuses_a_pid_file_that_is_not_the_wrappers(units: ChildUnits, run: RunDir, tmp_path: Path,
+                                                          kind: str) -> None:
+    path = run.path / "unit.pid"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "link":
+        (tmp_path / "elsewhere").write_text('{"pid": 1234, "start_ticks": 5, "boot_id": "b", "host": "h"}')
+        path.symlink_to(tmp_path / "elsewhere")
+    else:
+        path.write_bytes(b"[" * 100_000)
+    assert returns_within(lambda: units.find(run.path), 10, fifo=path if kind == "fifo" else None) is None
+
+
+def test_the_wrapper_writes_the_pid_file_find_reads(units: ChildUnits, run: RunDir) -> None:
+    command = py("import sys, time\nsys.stdin.read()\ntime.sleep(120)\n")
+    handle = units.start(command, run_dir=run.path, token=TOKEN, resources=ROOMY)
+    assert units.find(run.path, command) == handle
+
+
+def test_a_unit_log_left_as_a_fifo_fails_the_start_without_hanging(units: ChildUnits, run: RunDir) -> None:
+    os.mkfifo(run.log_path)
+    with pytest.raises(UnitStartError, match="unit log"):
+        returns_within(lambda: units.start(py("import time\ntime.sleep(120)"), run_dir=run.path, token=TOKEN,
+                                           resources=ROOMY), 20, fifo=run.log_path)

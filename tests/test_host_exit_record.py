@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from waiting import returns_within
 
 from hosts.systemd import read_exit_record, systemd_run_argv
 from lifecycle_es import InvalidInputError
@@ -45,3 +47,16 @@ def test_exit_record_that_cannot_be_read_is_none(tmp_path: Path, text: str) -> N
     (tmp_path / "unit.exit").write_text(text)
     assert read_exit_record(tmp_path / "unit.exit") is None
     assert read_exit_record(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "large"])
+def test_an_exit_record_that_is_not_a_small_regular_file_is_none(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "unit.exit"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "link":
+        (tmp_path / "elsewhere").write_text("success exited 0\n")
+        path.symlink_to(tmp_path / "elsewhere")
+    else:
+        path.write_text("success exited 0" + " " * 300 + "\n")
+    assert returns_within(lambda: read_exit_record(path), 10, fifo=path if kind == "fifo" else None) is None

@@ -339,3 +339,13 @@ def test_a_drain_from_another_process_reaches_the_units_through_serve(env, clock
     assert not server.is_alive()
     host.reconcile()
     assert lifecycle.snapshot().state == "parked"
+
+
+@pytest.mark.parametrize("root", ["/tmp/runs-\ud800", "/tmp/runs-\udcff"])
+def test_a_run_root_holding_a_lone_surrogate_is_refused_naming_run_root(env, root: str) -> None:
+    from lifecycle_es import InvalidInputError
+
+    _store, lifecycle, _host = env
+    with pytest.raises(InvalidInputError) as err:
+        LocalHost(lifecycle, mode="child", run_root=root)
+    assert err.value.field == "run_root"

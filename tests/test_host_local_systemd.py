@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +19,10 @@ from systemd_manager import SystemdUserManager, systemd_manager  # noqa: F401  (
 from waiting import wait_for
 
 from hosts.local import LocalHost
+from hosts.systemd import parse_show
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms
+from lifecycle_es.events import UnitRecord, UnitStarted, UnitStarting
 
 pytestmark = pytest.mark.systemd
 TOKEN = "systemd-token-5d1e"
@@ -99,3 +102,82 @@ def test_the_unit_of_an_ended_lease_is_stopped_with_its_control_group(runner) ->
     assert [(a.kind, a.detail) for a in host.reconcile()] == [("stopped", "lease-ended")]
     assert host.status(handle) in ("stopped", "gone")
     assert not host.driver.token_file(handle.unit).exists()
+
+
+@pytest.fixture
+def bystander_unit(systemd_manager: SystemdUserManager) -> Iterator[str]:  # noqa: F811
+    """A service of the same manager that no host started (a user's own unit)."""
+    name = f"bystander-{uuid.uuid4().hex[:8]}"
+    started = systemd_manager.exec(["/usr/bin/systemd-run", "--user", f"--unit={name}", "--service-type=exec",
+                                    "--quiet", "/bin/sleep", "300"])
+    assert started.ok, started.stderr
+    yield name
+    systemd_manager.exec(["/usr/bin/systemctl", "--user", "stop", f"{name}.service"])
+    systemd_manager.exec(["/usr/bin/systemctl", "--user", "reset-failed", f"{name}.service"])
+
+
+def active_state(manager: SystemdUserManager, unit: str) -> str:
+    shown = manager.exec(["/usr/bin/systemctl", "--user", "show", f"{unit}.service", "--property=ActiveState"])
+    return parse_show(shown.stdout).get("ActiveState", "")
+
+
+@pytest.mark.parametrize("path", ["lease-ended", "drain", "intent-only"])
+def test_a_forged_systemd_unit_is_never_stopped_or_adopted(runner, systemd_manager: SystemdUserManager,  # noqa: F811
+                                                           bystander_unit: str, path: str) -> None:
+    store, lifecycle, host = runner
+    receipt = lifecycle.acquire_lease(session_id="s1", expected_generation=1, proxy_authority=proxy())
+    keep = lifecycle.acquire_lease(session_id="s2", expected_generation=1, proxy_authority=proxy())
+    lease_id = receipt.lease.id
+    run_dir = str(Path(lifecycle.base_dir) / lease_id)
+    forged: list = [UnitStarting(lease_id=lease_id, lease_generation=1, mode="systemd", run_dir=run_dir,
+                                 unit=bystander_unit, command=("/bin/sleep", "300"))]
+    if path != "intent-only":
+        forged.append(UnitStarted(lease_id=lease_id, lease_generation=1, handle=UnitRecord(
+            mode="systemd", host=host.driver.host_name, boot_id=host.driver.boot_id, run_dir=run_dir,
+            unit=bystander_unit)))
+    lifecycle.record(forged)
+    if path == "lease-ended":
+        lifecycle.settle_lease(lease_id=lease_id, lease_generation=1, result_digest="sha256:" + "b" * 64)
+    elif path == "drain":
+        lifecycle.request_drain(expected_generation=1, timeout_ms=60_000)
+    host.reconcile()
+    host.reconcile()
+    assert active_state(systemd_manager, bystander_unit) == "active"
+    kinds = [r.type for r in store.read()]
+    assert "UnitSignalled" not in kinds and kinds.count("UnitStarted") == (0 if path == "intent-only" else 1)
+    # A forged handle: UnitStopped unproven-handle, its lease lost (unless settled first). A forged
+    # intent alone names a unit this host has no proof of starting: nothing is adopted, the checkout failed.
+    parked = [r.event.reason for r in store.read() if r.type == "LeaseParked" and r.event.lease_id == lease_id]
+    stops = [r.event.reason for r in store.read() if r.type == "UnitStopped" and r.event.lease_id == lease_id]
+    assert parked == {"lease-ended": [], "drain": ["lost-poll"], "intent-only": ["checkout-failure"]}[path]
+    assert stops == ([] if path == "intent-only" else ["unproven-handle"])
+    assert lifecycle.state().lease(lease_id).status != "active"  # type: ignore[union-attr]
+    assert lifecycle.state().lease(keep.lease.id).status == "active"  # type: ignore[union-attr]
+
+
+def test_a_systemd_unit_started_by_a_host_that_died_before_recording_it_is_adopted(runner) -> None:
+    store, lifecycle, host = runner
+    receipt = lifecycle.acquire_lease(session_id="s1", expected_generation=1, proxy_authority=proxy())
+    record = lifecycle.record
+
+    class Died(Exception):
+        pass
+
+    def dies_before_the_outcome(events):
+        if isinstance(events[0], UnitStarted):
+            raise Died  # the host is gone between systemd-run and its record
+        return record(events)
+
+    lifecycle.record = dies_before_the_outcome  # type: ignore[method-assign]
+    with pytest.raises(Died):
+        host.start(receipt, command=[sys.executable, "-c", POLITE], token=TOKEN)
+    lifecycle.record = record  # type: ignore[method-assign]
+    host.close()
+    again = LocalHost(lifecycle, mode="systemd", scope="user", exec=host.driver.exec,  # type: ignore[union-attr]
+                      token_dir=str(host.driver.token_dir), stop_timeout_ms=5_000)  # type: ignore[union-attr]
+    assert [a.kind for a in again.reconcile()] == ["adopted"]
+    handle = again.units()[receipt.lease.id].handle
+    assert handle is not None and again.status(handle) == "running"
+    assert [r.type for r in store.read()][-2:] == ["UnitStarting", "UnitStarted"]
+    again.stop(handle)
+    again.close()

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from waiting import returns_within
 
 from hosts.park import (
     LOCAL_PARK_THRESHOLD_MS,
+    STATUS_LIMIT,
     UNREADABLE,
     Busy,
     Idle,
@@ -21,10 +23,12 @@ from hosts.park import (
     Waiting,
     busy_state,
     drain_state,
+    parking_decision,
     parse_status,
     read_status,
     write_status,
 )
+from hosts.proc import UnitFileError
 
 NOW = 1_767_225_600_000
 T = LOCAL_PARK_THRESHOLD_MS
@@ -170,6 +174,40 @@ def test_what_cannot_be_read_counts_as_busy() -> None:
     assert busy_state(report.tasks, NOW, T) == Busy()
     fine = parse_status(b'{"tasks": [{"id": "a", "state": "done"}], "updated_at": 5, "extra": 1}')
     assert fine == StatusReport(tasks=(Task(id="a", state="done"),), updated_at=5)
+
+
+def test_nesting_too_deep_for_the_decoder_counts_as_busy() -> None:
+    for raw in (b"[" * 100_000, b'{"tasks": [' + b"[" * 100_000):
+        report = parse_status(raw)
+        assert [t.state for t in report.tasks] == [UNREADABLE]
+
+
+@pytest.mark.parametrize("kind", ["link-to-a-report", "link-to-dev-zero", "fifo", "directory", "larger-than-limit"])
+def test_a_status_file_that_breaks_the_rules_is_a_unit_failure(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "status.json"
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text('{"tasks": []}')
+    if kind == "link-to-a-report":
+        path.symlink_to(elsewhere)
+    elif kind == "link-to-dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        with open(path, "wb") as f:
+            f.truncate(STATUS_LIMIT + 1)
+    with pytest.raises(UnitFileError, match=r"status\.json"):
+        returns_within(lambda: read_status(tmp_path), 10, fifo=path if kind == "fifo" else None)
+    with pytest.raises(UnitFileError):
+        parking_decision(tmp_path, NOW, T)
+
+
+def test_a_status_file_at_the_limit_is_read(tmp_path: Path) -> None:
+    body = b'{"tasks": [], "updated_at": 5}'
+    (tmp_path / "status.json").write_bytes(body + b" " * (STATUS_LIMIT - len(body)))
+    assert read_status(tmp_path) == StatusReport(tasks=(), updated_at=5)
 
 
 # --- the seed's park verbs around the pure decisions ------------------------------------------------

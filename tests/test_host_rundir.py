@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import returns_within
 
 from hosts.proc import HostError
-from hosts.rundir import OWNER_LOCK, RunDirHeldError, open_run_dir
+from hosts.rundir import OWNER_LOCK, RunDirHeldError, open_run_dir, safe_run_root
 from lifecycle_es.errors import EXIT_HELD, InvalidInputError
 
 # A second host: tries to hold the run dir and exits with what it got (0 held, 76 held elsewhere).
@@ -122,3 +123,22 @@ def test_links_and_relative_roots_are_refused(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "elsewhere") == []
     with pytest.raises(InvalidInputError):
         open_run_dir("relative/runs", "lease-1")
+
+
+@pytest.mark.parametrize("root", ["/tmp/runs-\ud800", "/tmp/runs-\udc80", "/tmp/runs\0x", ""])
+def test_a_run_root_that_is_not_text_a_path_can_hold_is_refused_naming_it(root: str) -> None:
+    with pytest.raises(InvalidInputError) as err:
+        safe_run_root(root)
+    assert err.value.field == "run_root"
+    if root:
+        with pytest.raises(InvalidInputError) as err:
+            open_run_dir(root, "lease-1")
+        assert err.value.field == "run_root"
+
+
+def test_an_owner_lock_that_is_a_fifo_is_refused_without_hanging(tmp_path: Path) -> None:
+    (tmp_path / "lease-1").mkdir(mode=0o700)
+    lock = tmp_path / "lease-1" / OWNER_LOCK
+    os.mkfifo(lock)
+    with pytest.raises(HostError, match="not a regular file"):
+        returns_within(lambda: open_run_dir(tmp_path, "lease-1"), 10, fifo=lock)
