@@ -1,0 +1,453 @@
+"""What happened to runners over a window of the log, as spans and marks a picture can show.
+
+    timeline = collect(store.read(), runners={"runner-7"}, since_ms=t0, until_ms=t1, last=50)
+    svg = projections.timeline_svg.draw(timeline)
+
+A lease is a span from its acquisition to its settle or park (open when the log ends first), with a
+span per unit the host ran for it beneath; a runner's state is a band of spans (accepting, draining,
+parked, reclaiming); the facts worth seeing (a drain, a park, a reclaim, a proxy rotation, a hook
+authorization, a unit signalled) are marks. Every span and mark keeps the seq it came from.
+
+`collect` reads the events once, in seq order, and keeps only what the window can show: the last
+`last` leases that overlap it (a lease acquired before the window is held while it is open, so one
+still running when the window starts is drawn), and a bounded number of bands and marks per runner
+and per lease. Memory is bounded whatever the log's length. It folds no rules: a log the audit would
+refuse is drawn as it is, and an event it cannot read is counted, not fatal.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import msgspec
+
+from lifecycle_es.canonical import iso_ms, parse_iso_ms
+from lifecycle_es.errors import InvalidInputError
+from lifecycle_es.runner import PARK_REASONS
+from lifecycle_es.store import RecordedEvent
+
+DEFAULT_LAST = 50
+MAX_HELD = 20_000  # spans held beyond `last`: leases acquired before the window, still open
+MAX_RUNNER_MARKS = 2_000
+MAX_BANDS = 2_000
+MAX_SPAN_MARKS = 32
+MAX_UNITS = 16
+
+
+class MarkKind(NamedTuple):
+    """How one kind of fact is drawn: its class name, legend label, row (runner, lease or unit), shape, colour."""
+
+    name: str
+    label: str
+    on: str
+    shape: str
+    colour: str
+
+
+# The facts drawn as marks, by event tag. A new kind of fact (a host-lease takeover) is one more line:
+# its tag and how it looks; `collect` places it on its runner, its lease or its unit by `on`.
+MARKS: dict[str, MarkKind] = {
+    "DrainRequested": MarkKind("drain", "drain requested", "runner", "triangle-down", "#b35c00"),
+    "DrainExpired": MarkKind("drain-expired", "drain deadline passed", "runner", "triangle-down", "#c00000"),
+    "RunnerParked": MarkKind("runner-park", "runner parked", "runner", "square", "#404040"),
+    "ReclaimBegun": MarkKind("reclaim", "reclaim begun", "runner", "circle", "#0060a0"),
+    "ReclaimCompleted": MarkKind("reclaimed", "reclaim completed", "runner", "ring", "#0060a0"),
+    "ProxyRotated": MarkKind("rotation", "proxy rotated", "runner", "diamond", "#6a3d9a"),
+    "LeaseParked": MarkKind("park", "lease parked", "lease", "square", "#404040"),
+    "HookAuthorized": MarkKind("hook", "post-session hook authorized", "lease", "triangle-up", "#00734f"),
+    "UnitSignalled": MarkKind("signal", "unit signalled", "unit", "cross", "#c00000"),
+    "UnitWakeRecorded": MarkKind("wake", "unit waits for its wake time", "unit", "ring", "#555555"),
+}
+
+PROBLEM = MarkKind("problem", "first problem", "runner", "line", "#d00000")
+
+# The runner's state after each event that changes it.
+STATE_AFTER: dict[str, str] = {
+    "RunnerInitialized": "accepting", "DrainRequested": "draining", "RunnerParked": "parked",
+    "ReclaimBegun": "reclaiming", "ReclaimCompleted": "accepting",
+}
+# What a span's outcome may be called (a class name in the picture: never a value read from the log).
+OUTCOMES = ("active", "settled", *PARK_REASONS, "drain-expired", "stopped", "starting", "ended")
+
+
+class Mark(NamedTuple):
+    """One fact at one moment: its kind, seq, time (epoch ms and as the log has it) and what it says."""
+
+    kind: MarkKind
+    seq: int
+    at_ms: int
+    at: str
+    text: str
+
+
+class Band(NamedTuple):
+    """A runner in one state from one event to the next (`end_seq` None: still in it at the end)."""
+
+    state: str
+    start_seq: int
+    start_ms: int
+    end_seq: int | None
+    end_ms: int | None
+
+
+class Span:
+    """A lease or a unit from its first event to its end (``end_seq`` None: open when the log ended).
+
+    ``marks`` and ``units`` stay None until the span has one: most leases of a long log are read,
+    passed over and dropped, and cost no more than they must.
+    """
+
+    __slots__ = ("certain", "detail", "end_at", "end_ms", "end_seq", "id", "marks", "outcome", "start_at",
+                 "start_ms", "start_seq", "type", "units")
+
+    def __init__(self, id: str, detail: str, seq: int, at_ms: int, at: str, certain: bool = True) -> None:
+        self.id = id
+        self.detail = detail
+        self.start_seq, self.start_ms, self.start_at = seq, at_ms, at
+        self.end_seq: int | None = None
+        self.end_ms: int | None = None
+        self.end_at: str | None = None
+        self.type: str | None = None  # the event type that ended it
+        self.outcome = "active"
+        self.marks: deque[Mark] | None = None
+        self.units: deque[Span] | None = None
+        self.certain = certain  # known to overlap the window
+
+    def end(self, seq: int, at_ms: int, at: str, type_: str, outcome: str) -> None:
+        """Close the span at an event, with its outcome."""
+        self.end_seq, self.end_ms, self.end_at, self.type, self.outcome = seq, at_ms, at, type_, outcome
+
+
+@dataclass
+class Lane:
+    """One runner: its state now, its bands and marks in the window (the newest kept), its lease spans."""
+
+    runner_id: str
+    state: str | None = None
+    state_seq: int = 0
+    state_ms: int = 0
+    bands: deque[Band] = field(default_factory=lambda: deque(maxlen=MAX_BANDS))
+    marks: deque[Mark] = field(default_factory=lambda: deque(maxlen=MAX_RUNNER_MARKS))
+    leases: list[Span] = field(default_factory=list)
+
+
+@dataclass
+class Timeline:
+    """What `collect` kept: the runners with something to show, the time span, and what was left out."""
+
+    lanes: list[Lane]
+    start_ms: int | None
+    end_ms: int | None
+    since_ms: int | None
+    until_ms: int | None
+    last: int
+    events: int = 0  # events of the chosen runners read
+    leases_left_out: int = 0  # leases known to overlap the window beyond the last `last`
+    marks_left_out: int = 0
+    unreadable: int = 0  # events whose body or time could not be read
+    first_unreadable: int | None = None
+    highlight: Mark | None = None
+    runners_seen: set[str] = field(default_factory=set)
+
+
+class _Proxy(msgspec.Struct):
+    id: str | None = None
+    revision: int | None = None
+
+
+class _Handle(msgspec.Struct):
+    pid: int | None = None
+    unit: str | None = None
+
+
+class _Facts(msgspec.Struct, kw_only=True):
+    """The fields of any event the picture may show (the others are skipped unread)."""
+
+    lease_id: str | None = None
+    lease_ids: list[str] | None = None
+    session_id: str | None = None
+    reason: str | None = None
+    cause: str | None = None
+    signal: str | None = None
+    outcome: str | None = None
+    code: int | None = None
+    generation: int | None = None
+    deadline_at: str | None = None
+    wake_at: int | None = None
+    mode: str | None = None
+    unit: str | None = None
+    proxy_authority: _Proxy | None = None
+    handle: _Handle | None = None
+
+
+_FACTS = msgspec.json.Decoder(_Facts)
+_SHOWN = ("reason", "cause", "signal", "outcome", "code", "generation", "deadline_at", "lease_id")
+
+
+def describe(type_: str, seq: int, at: str, facts: _Facts) -> str:
+    """A fact as its tooltip says it: type, seq, time, then the fields that say what happened."""
+    parts = [f"{type_} · seq {seq:,} · {at}"]
+    parts += [f"{name} {getattr(facts, name)}" for name in _SHOWN if getattr(facts, name) is not None]
+    if facts.proxy_authority is not None:
+        parts.append(f"proxy {facts.proxy_authority.id} revision {facts.proxy_authority.revision}")
+    if facts.wake_at is not None:
+        parts.append(f"wake at {iso_ms(facts.wake_at) if 0 <= facts.wake_at < 1 << 45 else facts.wake_at}")
+    if facts.lease_ids is not None:
+        shown = ", ".join(facts.lease_ids[:5]) + (", ..." if len(facts.lease_ids) > 5 else "")
+        parts.append(f"{len(facts.lease_ids)} lease(s) parked: {shown}" if facts.lease_ids else "no lease active")
+    return " · ".join(parts)
+
+
+class _Collector:
+    """One pass over the events (see `collect`): the state of the pass and what each event does to it."""
+
+    def __init__(self, runners: Collection[str] | None, since_ms: int | None, until_ms: int | None, last: int,
+                 highlight: int | None) -> None:
+        self.runners = set(runners) if runners is not None else None
+        self.since = since_ms if since_ms is not None else -(1 << 62)
+        self.until = until_ms if until_ms is not None else 1 << 62
+        self.last = last
+        self.highlight_seq = highlight
+        self.timeline = Timeline([], None, None, since_ms, until_ms, last)
+        self.lanes: dict[str, Lane] = {}
+        self.spans: OrderedDict[tuple[str, str], Span] = OrderedDict()  # in acquisition order
+        self.certain = 0  # spans known to overlap the window
+        self.first_ms: int | None = None
+        self.last_ms = -(1 << 62)
+        self.seconds: dict[str, int] = {}  # epoch ms of ``2026-01-01T00:00:00.``: a second is parsed once
+
+    def feed(self, events: Iterable[RecordedEvent]) -> None:
+        """Fold every event in; the loop is the whole cost of a picture, so it does as little as it can."""
+        runners, actions, lanes, seconds = self.runners, _ACTIONS, self.lanes, self.seconds
+        decode, highlight, count = _FACTS.decode, self.highlight_seq, 0
+        for recorded in events:
+            if recorded.seq == highlight:
+                self._highlight(recorded)
+            stream = recorded.stream
+            if runners is not None and stream not in runners:
+                continue
+            count += 1
+            action = actions.get(recorded.type)
+            if action is None:
+                continue
+            at = recorded.at
+            try:
+                base = seconds.get(at[:20])
+                at_ms = base + int(at[20:23]) if base is not None and len(at) == 24 and at[23] == "Z" else self._ms(at)
+                facts = decode(recorded.body)
+            except (msgspec.MsgspecError, ValueError, OverflowError):
+                self._unreadable(recorded.seq)
+                continue
+            if at_ms > self.last_ms:
+                self.last_ms = at_ms
+            lane = lanes.get(stream)
+            if lane is None:
+                lane = lanes[stream] = Lane(stream)
+                if self.first_ms is None:
+                    self.first_ms = at_ms
+            handler, kind = action
+            if handler is not None:
+                handler(self, lane, recorded, at_ms, facts)
+            if kind is not None and self.since <= at_ms <= self.until:
+                self._mark(lane, kind, recorded, at_ms, facts)
+        self.timeline.events += count
+
+    def _ms(self, at: str) -> int:
+        if len(at) == 24 and at[19] == "." and at[23] == "Z" and at[20:23].isdigit():  # the log's own form
+            if len(self.seconds) > 4096:
+                self.seconds.clear()
+            base = self.seconds[at[:20]] = parse_iso_ms(at[:19] + "Z")
+            return base + int(at[20:23])
+        return parse_iso_ms(at)
+
+    def _unreadable(self, seq: int) -> None:
+        timeline = self.timeline
+        timeline.unreadable += 1
+        if timeline.first_unreadable is None:
+            timeline.first_unreadable = seq
+
+    def _highlight(self, recorded: RecordedEvent) -> None:
+        try:
+            at_ms = self._ms(recorded.at)
+        except (ValueError, OverflowError):
+            return
+        self.timeline.highlight = Mark(PROBLEM, recorded.seq, at_ms, recorded.at, f"{recorded.type} · seq "
+                                       f"{recorded.seq:,} · {recorded.at} · stream {recorded.stream}")
+
+    def _mark(self, lane: Lane, kind: MarkKind, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+        mark = Mark(kind, recorded.seq, at_ms, recorded.at, describe(recorded.type, recorded.seq, recorded.at, facts))
+        if kind.on == "runner":
+            holder = lane.marks
+        else:
+            span = self.spans.get((lane.runner_id, facts.lease_id or ""))
+            if span is None:
+                return  # its lease is not drawn
+            if kind.on == "unit" and span.units:
+                span = span.units[-1]
+            if span.marks is None:
+                span.marks = deque(maxlen=MAX_SPAN_MARKS)
+            holder = span.marks
+        if len(holder) == holder.maxlen:
+            self.timeline.marks_left_out += 1
+        holder.append(mark)
+
+    # --- what each event does to the picture -------------------------------------------------------------
+
+    def state(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+        if lane.state is not None:
+            self._band(lane, Band(lane.state, lane.state_seq, lane.state_ms, recorded.seq, at_ms))
+        lane.state, lane.state_seq, lane.state_ms = STATE_AFTER[recorded.type], recorded.seq, at_ms
+
+    def _band(self, lane: Lane, band: Band) -> None:
+        if (band.end_ms is not None and band.end_ms < self.since) or band.start_ms > self.until:
+            return
+        if len(lane.bands) == lane.bands.maxlen:
+            self.timeline.marks_left_out += 1
+        lane.bands.append(band)
+
+    def acquired(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+        lease_id = facts.lease_id
+        if at_ms > self.until or lease_id is None:
+            return
+        spans, key, certain = self.spans, (lane.runner_id, lease_id), at_ms >= self.since
+        old = spans.pop(key, None)
+        if old is not None and old.certain:
+            self.certain -= 1
+        spans[key] = Span(lease_id, facts.session_id or "", recorded.seq, at_ms, recorded.at, certain)
+        if certain:
+            self.certain += 1
+            if self.certain > self.last:
+                self._drop_oldest()
+        elif len(spans) > self.last + MAX_HELD:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        """Drop spans from the oldest until at most `last` are known to overlap the window."""
+        while True:
+            _, span = self.spans.popitem(last=False)
+            if span.certain:
+                self.certain -= 1
+                self.timeline.leases_left_out += 1
+            if self.certain <= self.last and len(self.spans) <= self.last + MAX_HELD:
+                return
+
+    def _end(self, lane: Lane, lease_id: str, recorded: RecordedEvent, at_ms: int, outcome: str) -> None:
+        key = (lane.runner_id, lease_id)
+        span = self.spans.get(key)
+        if span is None or span.end_seq is not None:
+            return
+        span.end(recorded.seq, at_ms, recorded.at, recorded.type, outcome)
+        if not span.certain:
+            if at_ms < self.since:
+                del self.spans[key]  # it ended before the window
+            else:
+                span.certain = True
+                self.certain += 1
+                if self.certain > self.last:
+                    self._drop_oldest()
+
+    def settled(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+        if facts.lease_id is not None:
+            self._end(lane, facts.lease_id, recorded, at_ms, "settled")
+
+    def parked(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+        if facts.lease_id is not None:
+            self._end(lane, facts.lease_id, recorded, at_ms, facts.reason if facts.reason in PARK_REASONS else "ended")
+
+    def expired(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+        for lease_id in facts.lease_ids or ():
+            self._end(lane, lease_id, recorded, at_ms, "drain-expired")
+
+    def unit_starting(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+        lease = self.spans.get((lane.runner_id, facts.lease_id or ""))
+        if lease is None:
+            return
+        if lease.units is None:
+            lease.units = deque(maxlen=MAX_UNITS)
+        number = int(lease.units[-1].id) + 1 if lease.units else 1  # a lease's units are numbered from 1
+        unit = Span(str(number), facts.mode or "", recorded.seq, at_ms, recorded.at)
+        unit.outcome = "starting"
+        lease.units.append(unit)
+
+    def unit_started(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+        lease = self.spans.get((lane.runner_id, facts.lease_id or ""))
+        if lease is None:
+            return
+        if not lease.units or lease.units[-1].outcome != "starting":
+            self.unit_starting(lane, recorded, at_ms, facts)
+        assert lease.units
+        unit = lease.units[-1]
+        unit.outcome = "active"
+        if facts.handle is not None:
+            where = f"pid {facts.handle.pid}" if facts.handle.pid is not None else f"unit {facts.handle.unit}"
+            unit.detail = f"{unit.detail} {where}".strip()
+
+    def unit_ended(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+        lease = self.spans.get((lane.runner_id, facts.lease_id or ""))
+        if lease is None or not lease.units or lease.units[-1].end_seq is not None:
+            return
+        if recorded.type == "UnitStopped":
+            outcome = "stopped"
+        else:
+            outcome = facts.outcome if facts.outcome in OUTCOMES else "ended"
+        lease.units[-1].end(recorded.seq, at_ms, recorded.at, recorded.type, outcome or "ended")
+
+    def finish(self) -> Timeline:
+        """The timeline: spans open at the end overlap the window, so they count; then the last `last`."""
+        timeline = self.timeline
+        for span in self.spans.values():
+            if not span.certain:
+                span.certain = True
+                self.certain += 1
+        if self.certain > self.last:
+            self._drop_oldest()
+        for (runner_id, _), span in self.spans.items():
+            self.lanes[runner_id].leases.append(span)
+        for lane in self.lanes.values():
+            if lane.state is not None:
+                self._band(lane, Band(lane.state, lane.state_seq, lane.state_ms, None, None))
+        timeline.runners_seen = set(self.lanes)
+        timeline.end_ms = timeline.until_ms if timeline.until_ms is not None else (
+            self.last_ms if self.first_ms is not None else None)
+        starts = [span.start_ms for span in self.spans.values()]
+        timeline.start_ms = timeline.since_ms if timeline.since_ms is not None else min(starts, default=self.first_ms)
+        start = timeline.start_ms if timeline.start_ms is not None else 0
+        wanted = self.runners or set()
+        timeline.lanes = sorted((lane for lane in self.lanes.values() if lane.leases or lane.runner_id in wanted
+                                 or any(mark.at_ms >= start for mark in lane.marks)), key=lambda lane: lane.runner_id)
+        return timeline
+
+
+_ACTIONS: dict[str, tuple[Callable[[_Collector, Lane, RecordedEvent, int, _Facts], None] | None, MarkKind | None]] = {
+    type_: (handler, MARKS.get(type_)) for type_, handler in {
+        **dict.fromkeys(MARKS),
+        **dict.fromkeys(STATE_AFTER, _Collector.state),
+        "LeaseAcquired": _Collector.acquired,
+        "LeaseSettled": _Collector.settled,
+        "LeaseParked": _Collector.parked,
+        "DrainExpired": _Collector.expired,
+        "UnitStarting": _Collector.unit_starting,
+        "UnitStarted": _Collector.unit_started,
+        "UnitExited": _Collector.unit_ended,
+        "UnitStopped": _Collector.unit_ended,
+    }.items()
+}
+
+
+def collect(events: Iterable[RecordedEvent], *, runners: Collection[str] | None = None,
+            since_ms: int | None = None, until_ms: int | None = None, last: int = DEFAULT_LAST,
+            highlight: int | None = None) -> Timeline:
+    """Read `events` once (seq order) and keep what a picture of the window can show.
+
+    `runners`: only these streams (None: every runner). `since_ms`/`until_ms`: the window (epoch ms;
+    None: open on that side). `last`: at most this many leases, the last acquired of those that overlap
+    the window. `highlight`: a seq to mark (the audit's first problem), whatever its runner.
+    """
+    if type(last) is not int or last < 1:
+        raise InvalidInputError("last", f"last must be an integer of at least 1, not {last!r}")
+    collector = _Collector(runners, since_ms, until_ms, last, highlight)
+    collector.feed(events)
+    return collector.finish()
