@@ -410,10 +410,13 @@ class _Collector:
             if lane.state is not None:
                 self._band(lane, Band(lane.state, lane.state_seq, lane.state_ms, None, None))
         timeline.runners_seen = set(self.lanes)
-        timeline.end_ms = timeline.until_ms if timeline.until_ms is not None else (
-            self.last_ms if self.first_ms is not None else None)
         starts = [span.start_ms for span in self.spans.values()]
         timeline.start_ms = timeline.since_ms if timeline.since_ms is not None else min(starts, default=self.first_ms)
+        timeline.end_ms = timeline.until_ms
+        if timeline.end_ms is None and timeline.start_ms is not None and self.first_ms is not None:
+            # A little room after the last event, so that what happened last (a lease just acquired) shows.
+            last = max(self.last_ms, timeline.start_ms)
+            timeline.end_ms = last + max(1, (last - timeline.start_ms) // 40)
         start = timeline.start_ms if timeline.start_ms is not None else 0
         wanted = self.runners or set()
         timeline.lanes = sorted((lane for lane in self.lanes.values() if lane.leases or lane.runner_id in wanted

@@ -38,10 +38,10 @@ OUTCOME_STYLE: dict[str, tuple[str, str]] = {
     "resource-limit": ("#d55e00", "parked: resource limit"),
     "checkout-failure": ("#cc79a7", "parked: checkout failure"),
     "drain-expired": ("#a50f15", "parked: drain deadline"),
-    "active": ("#3b7dd8", "active at the end"),
+    "active": ("#3b7dd8", "still active"),
     "stopped": ("#8fa8c8", "unit stopped"),
     "starting": ("#b8c7db", "unit starting"),
-    "ended": ("#9a9a9a", "ended (other)"),
+    "ended": ("#9a9a9a", "other end"),
 }
 STATE_STYLE: dict[str, str] = {
     "accepting": "#d3ecd0", "draining": "#fdd49e", "parked": "#d6d6d6", "reclaiming": "#c6dbef",

@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from conftest import FakeClock
-from test_cli_logs import HOOK, authority, one_error_line, run
+from test_cli_logs import HOOK, attack, authority, copy_store, one_error_line, run
 
 from lifecycle_es import EventStore, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms
@@ -225,3 +225,37 @@ def test_the_command_draws_a_file_and_refuses_bad_input(life: Life, tmp_path: Pa
     missing = run("timeline", path, "--runner", "runner-b", "-o", out)
     assert missing.returncode == 66 and "runner-b" in one_error_line(missing)
     assert run("timeline", tmp_path / "absent.db", "-o", out).returncode == 66
+
+
+def tampered_copy(source: Path, target: Path, seq: int) -> Path:
+    """A copy of the scripted life with the body at `seq` edited (its hash no longer matches)."""
+    copy_store(source, target, seal=False)
+    attack(target, ("UPDATE events SET body = CAST(replace(CAST(body AS TEXT), 'SIGTERM', 'SIGKILL') AS BLOB) "
+                    "WHERE seq = ?", (seq,)))
+    return target
+
+
+XHTML = "{http://www.w3.org/1999/xhtml}"
+
+
+def test_the_audit_page_marks_the_first_problem_on_the_timeline(life: Life, tmp_path: Path) -> None:
+    path, seqs, _, _ = life
+    bad = tampered_copy(path, tmp_path / "bad.db", seqs["drain"])
+    out = tmp_path / "report.html"
+    done = run("audit", bad, "--html", out)
+    assert done.returncode == 65, done.stderr
+    page = ET.parse(out).getroot()  # the page is well-formed XML as well as HTML
+    assert not [element for element in page.iter() if element.tag.endswith(("script", "link", "img", "iframe"))]
+    first = next(row for row in page.iter(f"{XHTML}tr") if row.get("class") == "first")
+    assert [cell.text for cell in first] == [str(seqs["drain"]), "runner-a", "hash does not match the event's contents"]
+    svg = next(page.iter(f"{SVG}svg"))
+    (problem,) = shapes(svg, "problem")
+    assert problem.get("data-seq") == str(seqs["drain"])
+    assert "hash does not match" in (problem.findtext(f"{SVG}title") or "")
+    assert len(shapes(svg, "lease")) == 4 and shapes(svg, "mark-drain")
+    whole = tmp_path / "whole.html"
+    done = run("audit", path, "--html", whole)
+    assert done.returncode == 0, done.stderr
+    page = ET.parse(whole).getroot()
+    assert "OK: the log is whole" in ET.tostring(page, encoding="unicode")
+    assert not shapes(next(page.iter(f"{SVG}svg")), "problem") and shapes(next(page.iter(f"{SVG}svg")), "lease")
