@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any
 
 import msgspec
 
@@ -29,128 +28,24 @@ from lifecycle_es.errors import InvalidInputError
 from lifecycle_es.runner import PARK_REASONS
 from lifecycle_es.store import RecordedEvent
 
-DEFAULT_LAST = 50
-MAX_HELD = 20_000  # spans held beyond `last`: leases acquired before the window, still open
-MAX_RUNNER_MARKS = 2_000
-MAX_BANDS = 2_000
-MAX_SPAN_MARKS = 32
-MAX_UNITS = 16
+from .timeline_parts import (
+    DEFAULT_LAST,
+    MARKS,
+    MAX_HELD,
+    MAX_SPAN_MARKS,
+    MAX_UNITS,
+    OUTCOMES,
+    PROBLEM,
+    STATE_AFTER,
+    Band,
+    Lane,
+    Mark,
+    MarkKind,
+    Span,
+    Timeline,
+)
 
-
-class MarkKind(NamedTuple):
-    """How one kind of fact is drawn: its class name, legend label, row (runner, lease or unit), shape, colour."""
-
-    name: str
-    label: str
-    on: str
-    shape: str
-    colour: str
-
-
-# The facts drawn as marks, by event tag. A new kind of fact (a host-lease takeover) is one more line:
-# its tag and how it looks; `collect` places it on its runner, its lease or its unit by `on`.
-MARKS: dict[str, MarkKind] = {
-    "DrainRequested": MarkKind("drain", "drain requested", "runner", "triangle-down", "#b35c00"),
-    "DrainExpired": MarkKind("drain-expired", "drain deadline passed", "runner", "triangle-down", "#c00000"),
-    "RunnerParked": MarkKind("runner-park", "runner parked", "runner", "square", "#404040"),
-    "ReclaimBegun": MarkKind("reclaim", "reclaim begun", "runner", "circle", "#0060a0"),
-    "ReclaimCompleted": MarkKind("reclaimed", "reclaim completed", "runner", "ring", "#0060a0"),
-    "ProxyRotated": MarkKind("rotation", "proxy rotated", "runner", "diamond", "#6a3d9a"),
-    "LeaseParked": MarkKind("park", "lease parked", "lease", "square", "#404040"),
-    "HookAuthorized": MarkKind("hook", "post-session hook authorized", "lease", "triangle-up", "#00734f"),
-    "UnitSignalled": MarkKind("signal", "unit signalled", "unit", "cross", "#c00000"),
-    "UnitWakeRecorded": MarkKind("wake", "unit waits for its wake time", "unit", "ring", "#555555"),
-}
-
-PROBLEM = MarkKind("problem", "first problem", "runner", "line", "#d00000")
-
-# The runner's state after each event that changes it.
-STATE_AFTER: dict[str, str] = {
-    "RunnerInitialized": "accepting", "DrainRequested": "draining", "RunnerParked": "parked",
-    "ReclaimBegun": "reclaiming", "ReclaimCompleted": "accepting",
-}
-# What a span's outcome may be called (a class name in the picture: never a value read from the log).
-OUTCOMES = ("active", "settled", *PARK_REASONS, "drain-expired", "stopped", "starting", "ended")
-
-
-class Mark(NamedTuple):
-    """One fact at one moment: its kind, seq, time (epoch ms and as the log has it) and what it says."""
-
-    kind: MarkKind
-    seq: int
-    at_ms: int
-    at: str
-    text: str
-
-
-class Band(NamedTuple):
-    """A runner in one state from one event to the next (`end_seq` None: still in it at the end)."""
-
-    state: str
-    start_seq: int
-    start_ms: int
-    end_seq: int | None
-    end_ms: int | None
-
-
-class Span:
-    """A lease or a unit from its first event to its end (``end_seq`` None: open when the log ended).
-
-    ``marks`` and ``units`` stay None until the span has one: most leases of a long log are read,
-    passed over and dropped, and cost no more than they must.
-    """
-
-    __slots__ = ("certain", "detail", "end_at", "end_ms", "end_seq", "id", "marks", "outcome", "start_at",
-                 "start_ms", "start_seq", "type", "units")
-
-    def __init__(self, id: str, detail: str, seq: int, at_ms: int, at: str, certain: bool = True) -> None:
-        self.id = id
-        self.detail = detail
-        self.start_seq, self.start_ms, self.start_at = seq, at_ms, at
-        self.end_seq: int | None = None
-        self.end_ms: int | None = None
-        self.end_at: str | None = None
-        self.type: str | None = None  # the event type that ended it
-        self.outcome = "active"
-        self.marks: deque[Mark] | None = None
-        self.units: deque[Span] | None = None
-        self.certain = certain  # known to overlap the window
-
-    def end(self, seq: int, at_ms: int, at: str, type_: str, outcome: str) -> None:
-        """Close the span at an event, with its outcome."""
-        self.end_seq, self.end_ms, self.end_at, self.type, self.outcome = seq, at_ms, at, type_, outcome
-
-
-@dataclass
-class Lane:
-    """One runner: its state now, its bands and marks in the window (the newest kept), its lease spans."""
-
-    runner_id: str
-    state: str | None = None
-    state_seq: int = 0
-    state_ms: int = 0
-    bands: deque[Band] = field(default_factory=lambda: deque(maxlen=MAX_BANDS))
-    marks: deque[Mark] = field(default_factory=lambda: deque(maxlen=MAX_RUNNER_MARKS))
-    leases: list[Span] = field(default_factory=list)
-
-
-@dataclass
-class Timeline:
-    """What `collect` kept: the runners with something to show, the time span, and what was left out."""
-
-    lanes: list[Lane]
-    start_ms: int | None
-    end_ms: int | None
-    since_ms: int | None
-    until_ms: int | None
-    last: int
-    events: int = 0  # events of the chosen runners read
-    leases_left_out: int = 0  # leases known to overlap the window beyond the last `last`
-    marks_left_out: int = 0
-    unreadable: int = 0  # events whose body or time could not be read
-    first_unreadable: int | None = None
-    highlight: Mark | None = None
-    runners_seen: set[str] = field(default_factory=set)
+__all__ = ["DEFAULT_LAST", "MARKS", "Band", "Lane", "Mark", "MarkKind", "Span", "Timeline", "collect", "describe"]
 
 
 class _Proxy(msgspec.Struct):
@@ -163,27 +58,34 @@ class _Handle(msgspec.Struct):
     unit: str | None = None
 
 
-class _Facts(msgspec.Struct, kw_only=True):
-    """The fields of any event the picture may show (the others are skipped unread)."""
+class _LeaseFacts(msgspec.Struct, kw_only=True):
+    """The fields the picture reads of the many events (a lease acquired or settled, a unit's facts); the
+    others, a lease's proxy authority among them, are skipped unread, which halves the cost of a decode."""
 
     lease_id: str | None = None
-    lease_ids: list[str] | None = None
     session_id: str | None = None
     reason: str | None = None
+    outcome: str | None = None
+    mode: str | None = None
+    handle: _Handle | None = None
+    lease_ids: list[str] | None = None
+
+
+class _Facts(_LeaseFacts, kw_only=True):
+    """The fields of the few events drawn as marks, their tooltips' words."""
+
     cause: str | None = None
     signal: str | None = None
-    outcome: str | None = None
     code: int | None = None
     generation: int | None = None
     deadline_at: str | None = None
     wake_at: int | None = None
-    mode: str | None = None
     unit: str | None = None
     proxy_authority: _Proxy | None = None
-    handle: _Handle | None = None
 
 
 _FACTS = msgspec.json.Decoder(_Facts)
+_LEASE_FACTS = msgspec.json.Decoder(_LeaseFacts)
 _SHOWN = ("reason", "cause", "signal", "outcome", "code", "generation", "deadline_at", "lease_id")
 
 
@@ -221,8 +123,8 @@ class _Collector:
 
     def feed(self, events: Iterable[RecordedEvent]) -> None:
         """Fold every event in; the loop is the whole cost of a picture, so it does as little as it can."""
-        runners, actions, lanes, seconds = self.runners, _ACTIONS, self.lanes, self.seconds
-        decode, highlight, count = _FACTS.decode, self.highlight_seq, 0
+        runners, actions, lanes, seconds = self.runners, _actions(), self.lanes, self.seconds
+        highlight, count = self.highlight_seq, 0
         for recorded in events:
             if recorded.seq == highlight:
                 self._highlight(recorded)
@@ -233,6 +135,7 @@ class _Collector:
             action = actions.get(recorded.type)
             if action is None:
                 continue
+            handler, kind, decode = action
             at = recorded.at
             try:
                 base = seconds.get(at[:20])
@@ -248,7 +151,6 @@ class _Collector:
                 lane = lanes[stream] = Lane(stream)
                 if self.first_ms is None:
                     self.first_ms = at_ms
-            handler, kind = action
             if handler is not None:
                 handler(self, lane, recorded, at_ms, facts)
             if kind is not None and self.since <= at_ms <= self.until:
@@ -277,7 +179,8 @@ class _Collector:
         self.timeline.highlight = Mark(PROBLEM, recorded.seq, at_ms, recorded.at, f"{recorded.type} · seq "
                                        f"{recorded.seq:,} · {recorded.at} · stream {recorded.stream}")
 
-    def _mark(self, lane: Lane, kind: MarkKind, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+    def _mark(self, lane: Lane, kind: MarkKind, recorded: RecordedEvent, at_ms: int, facts: _LeaseFacts) -> None:
+        assert isinstance(facts, _Facts)  # a mark's body is read with every field its tooltip says
         mark = Mark(kind, recorded.seq, at_ms, recorded.at, describe(recorded.type, recorded.seq, recorded.at, facts))
         if kind.on == "runner":
             holder = lane.marks
@@ -296,7 +199,7 @@ class _Collector:
 
     # --- what each event does to the picture -------------------------------------------------------------
 
-    def state(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+    def state(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _LeaseFacts) -> None:
         if lane.state is not None:
             self._band(lane, Band(lane.state, lane.state_seq, lane.state_ms, recorded.seq, at_ms))
         lane.state, lane.state_seq, lane.state_ms = STATE_AFTER[recorded.type], recorded.seq, at_ms
@@ -308,7 +211,7 @@ class _Collector:
             self.timeline.marks_left_out += 1
         lane.bands.append(band)
 
-    def acquired(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+    def acquired(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _LeaseFacts) -> None:
         lease_id = facts.lease_id
         if at_ms > self.until or lease_id is None:
             return
@@ -349,19 +252,19 @@ class _Collector:
                 if self.certain > self.last:
                     self._drop_oldest()
 
-    def settled(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+    def settled(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _LeaseFacts) -> None:
         if facts.lease_id is not None:
             self._end(lane, facts.lease_id, recorded, at_ms, "settled")
 
-    def parked(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+    def parked(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _LeaseFacts) -> None:
         if facts.lease_id is not None:
             self._end(lane, facts.lease_id, recorded, at_ms, facts.reason if facts.reason in PARK_REASONS else "ended")
 
-    def expired(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+    def expired(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _LeaseFacts) -> None:
         for lease_id in facts.lease_ids or ():
             self._end(lane, lease_id, recorded, at_ms, "drain-expired")
 
-    def unit_starting(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+    def unit_starting(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _LeaseFacts) -> None:
         lease = self.spans.get((lane.runner_id, facts.lease_id or ""))
         if lease is None:
             return
@@ -372,7 +275,7 @@ class _Collector:
         unit.outcome = "starting"
         lease.units.append(unit)
 
-    def unit_started(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+    def unit_started(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _LeaseFacts) -> None:
         lease = self.spans.get((lane.runner_id, facts.lease_id or ""))
         if lease is None:
             return
@@ -385,7 +288,7 @@ class _Collector:
             where = f"pid {facts.handle.pid}" if facts.handle.pid is not None else f"unit {facts.handle.unit}"
             unit.detail = f"{unit.detail} {where}".strip()
 
-    def unit_ended(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _Facts) -> None:
+    def unit_ended(self, lane: Lane, recorded: RecordedEvent, at_ms: int, facts: _LeaseFacts) -> None:
         lease = self.spans.get((lane.runner_id, facts.lease_id or ""))
         if lease is None or not lease.units or lease.units[-1].end_seq is not None:
             return
@@ -424,20 +327,28 @@ class _Collector:
         return timeline
 
 
-_ACTIONS: dict[str, tuple[Callable[[_Collector, Lane, RecordedEvent, int, _Facts], None] | None, MarkKind | None]] = {
-    type_: (handler, MARKS.get(type_)) for type_, handler in {
-        **dict.fromkeys(MARKS),
-        **dict.fromkeys(STATE_AFTER, _Collector.state),
-        "LeaseAcquired": _Collector.acquired,
-        "LeaseSettled": _Collector.settled,
-        "LeaseParked": _Collector.parked,
-        "DrainExpired": _Collector.expired,
-        "UnitStarting": _Collector.unit_starting,
-        "UnitStarted": _Collector.unit_started,
-        "UnitExited": _Collector.unit_ended,
-        "UnitStopped": _Collector.unit_ended,
-    }.items()
+_Handler = Callable[[_Collector, Lane, RecordedEvent, int, Any], None]
+_HANDLERS: dict[str, _Handler] = {
+    **dict.fromkeys(STATE_AFTER, _Collector.state),
+    "LeaseAcquired": _Collector.acquired,
+    "LeaseSettled": _Collector.settled,
+    "LeaseParked": _Collector.parked,
+    "DrainExpired": _Collector.expired,
+    "UnitStarting": _Collector.unit_starting,
+    "UnitStarted": _Collector.unit_started,
+    "UnitExited": _Collector.unit_ended,
+    "UnitStopped": _Collector.unit_ended,
 }
+_Action = tuple[_Handler | None, MarkKind | None, Callable[[bytes], _LeaseFacts]]
+
+
+def _actions() -> dict[str, _Action]:
+    """Per event tag: what it does, the mark it makes, and how its body is read (marks need their words).
+
+    Made from `MARKS` as it is when a pass starts, so a kind added to the table is drawn with no other change.
+    """
+    return {type_: (_HANDLERS.get(type_), MARKS.get(type_), _FACTS.decode if type_ in MARKS else _LEASE_FACTS.decode)
+            for type_ in {**_HANDLERS, **MARKS}}
 
 
 def collect(events: Iterable[RecordedEvent], *, runners: Collection[str] | None = None,

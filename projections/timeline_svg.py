@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 
 from lifecycle_es.store import RecordedEvent
 
-from .timeline import MARKS, Band, Lane, Mark, MarkKind, Span, Timeline, collect
+from .timeline import collect
+from .timeline_parts import MARKS, Band, Lane, Mark, MarkKind, Span, Timeline
 
 WIDTH = 1280
 LABEL_X = 10

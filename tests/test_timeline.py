@@ -20,7 +20,7 @@ from lifecycle_es.canonical import iso_ms
 from lifecycle_es.errors import InvalidInputError
 from lifecycle_es.events import UnitExited, UnitRecord, UnitSignalled, UnitStarted, UnitStarting, UnitStopped
 from lifecycle_es.store import RecordedEvent
-from projections.timeline import MARKS, collect
+from projections.timeline import MARKS, MarkKind, collect
 from projections.timeline_svg import draw, svg_text, timeline_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -259,3 +259,19 @@ def test_the_audit_page_marks_the_first_problem_on_the_timeline(life: Life, tmp_
     page = ET.parse(whole).getroot()
     assert "OK: the log is whole" in ET.tostring(page, encoding="unicode")
     assert not shapes(next(page.iter(f"{SVG}svg")), "problem") and shapes(next(page.iter(f"{SVG}svg")), "lease")
+
+
+def test_a_new_kind_of_mark_is_one_line_in_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A host-lease takeover (an event this version does not have) drawn from one more entry in MARKS.
+    monkeypatch.setitem(MARKS, "HostLeaseTakenOver",
+                        MarkKind("takeover", "host lease taken over", "runner", "hexagon", "#8b008b"))
+    start = 1_767_225_600_000
+    events = [_recorded(1, "runner-a", "RunnerInitialized", start, {}),
+              _recorded(2, "runner-a", "LeaseAcquired", start + 1000, {"lease_id": "lease-1", "session_id": "s"}),
+              _recorded(3, "runner-a", "HostLeaseTakenOver", start + 2000, {"reason": "host-b took over"})]
+    root = parsed(timeline_svg(events))
+    (mark,) = shapes(root, "mark-takeover")
+    assert mark.get("data-seq") == "3"
+    assert "HostLeaseTakenOver · seq 3" in (mark.findtext(f"{SVG}title") or "")
+    assert "reason host-b took over" in (mark.findtext(f"{SVG}title") or "")
+    assert any(text.text == "host lease taken over" for text in root.iter(f"{SVG}text"))  # in the legend
