@@ -6,7 +6,8 @@
 A lease is a span from its acquisition to its settle or park (open when the log ends first), with a
 span per unit the host ran for it beneath; a runner's state is a band of spans (accepting, draining,
 parked, reclaiming); the facts worth seeing (a drain, a park, a reclaim, a proxy rotation, a hook
-authorization, a unit signalled) are marks. Every span and mark keeps the seq it came from.
+authorization, a unit signalled) are marks. Every span and mark keeps the seq it came from. The
+parts, and the table of marks (`MARKS`), are in ``timeline_parts.py``.
 
 `collect` reads the events once, in seq order, and keeps only what the window can show: the last
 `last` leases that overlap it (a lease acquired before the window is held while it is open, so one
@@ -117,6 +118,9 @@ class _Collector:
         self.lanes: dict[str, Lane] = {}
         self.spans: OrderedDict[tuple[str, str], Span] = OrderedDict()  # in acquisition order
         self.certain = 0  # spans known to overlap the window
+        # Leases dropped while it was not known whether they overlap the window (acquired before it, open
+        # then): counted as left out if they turn out to (bounded: beyond it the count is a lower bound).
+        self.dropped_open: set[tuple[str, str]] = set()
         self.first_ms: int | None = None
         self.last_ms = -(1 << 62)
         self.seconds: dict[str, int] = {}  # epoch ms of ``2026-01-01T00:00:00.``: a second is parsed once
@@ -230,17 +234,24 @@ class _Collector:
     def _drop_oldest(self) -> None:
         """Drop spans from the oldest until at most `last` are known to overlap the window."""
         while True:
-            _, span = self.spans.popitem(last=False)
+            key, span = self.spans.popitem(last=False)
             if span.certain:
                 self.certain -= 1
                 self.timeline.leases_left_out += 1
+            elif len(self.dropped_open) < MAX_HELD:
+                self.dropped_open.add(key)
             if self.certain <= self.last and len(self.spans) <= self.last + MAX_HELD:
                 return
 
     def _end(self, lane: Lane, lease_id: str, recorded: RecordedEvent, at_ms: int, outcome: str) -> None:
         key = (lane.runner_id, lease_id)
         span = self.spans.get(key)
-        if span is None or span.end_seq is not None:
+        if span is None:
+            if self.dropped_open and key in self.dropped_open:
+                self.dropped_open.discard(key)
+                self.timeline.leases_left_out += at_ms >= self.since
+            return
+        if span.end_seq is not None:
             return
         span.end(recorded.seq, at_ms, recorded.at, recorded.type, outcome)
         if not span.certain:
@@ -301,6 +312,7 @@ class _Collector:
     def finish(self) -> Timeline:
         """The timeline: spans open at the end overlap the window, so they count; then the last `last`."""
         timeline = self.timeline
+        timeline.leases_left_out += len(self.dropped_open)  # open at the end: they overlap the window
         for span in self.spans.values():
             if not span.certain:
                 span.certain = True

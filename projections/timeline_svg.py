@@ -28,7 +28,7 @@ WIDTH = 1280
 LABEL_X = 10
 PLOT_X0 = 300
 PLOT_X1 = WIDTH - 24
-LABEL_CHARS = 42  # of an 11 px monospace label in the label column
+LABEL_CHARS = 40  # of an 11 px monospace label in the label column
 LEASE_ROW, UNIT_ROW, BAND_ROW, HEAD_ROW, LANE_GAP = 18, 14, 18, 22, 10
 FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
 MONO = "DejaVu Sans Mono, Menlo, Consolas, monospace"
@@ -242,10 +242,10 @@ def _lane(canvas: _Canvas, lane: Lane) -> None:
     y = canvas.y
     canvas.add(f'<g class="runner" data-runner="{svg_text(lane.runner_id)}">')
     canvas.add(f'<rect x="0" y="{y}" width="{WIDTH}" height="{HEAD_ROW}" fill="#f4f4f4"/>')
-    state = f"now {lane.state}" if lane.state is not None else ""
+    state = f" · {lane.state} at the end of the log" if lane.state is not None else ""
     canvas.text(LABEL_X, y + 15, "runner " + svg_text(lane.runner_id, LABEL_CHARS), size=12, weight="bold",
                 mono=True)
-    canvas.text(PLOT_X1, y + 15, svg_text(f"{len(lane.leases)} lease(s) drawn · {state}"), size=10, fill=MUTED,
+    canvas.text(PLOT_X1, y + 15, svg_text(f"{len(lane.leases)} lease(s) drawn{state}"), size=10, fill=MUTED,
                 anchor="end")
     y += HEAD_ROW + 2
     band_y = y
@@ -352,7 +352,8 @@ def _when(ms: int | None, otherwise: str) -> str:
 def _notes(timeline: Timeline) -> list[str]:
     notes = []
     if timeline.leases_left_out:
-        notes.append(f"{timeline.leases_left_out:,} earlier lease(s) of the window left out: only the last "
+        where = "the window" if timeline.since_ms is not None or timeline.until_ms is not None else "the log"
+        notes.append(f"{timeline.leases_left_out:,} earlier lease(s) of {where} left out: only the last "
                      f"{timeline.last} are drawn (narrow the window with --since/--until, or raise --last)")
     if timeline.marks_left_out:
         notes.append(f"{timeline.marks_left_out:,} older mark(s) or state change(s) left out (each row keeps its "

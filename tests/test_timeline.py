@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -165,7 +166,7 @@ def test_a_window_keeps_the_leases_that_overlap_it_and_the_last_n_by_default(lif
     assert timeline.leases_left_out == 2
     root = parsed(draw(timeline))
     assert len(shapes(root, "lease")) == 2
-    assert any("2 earlier lease(s) of the window left out" in (text.text or "") for text in root.iter(f"{SVG}text"))
+    assert any("2 earlier lease(s) of the log left out" in (text.text or "") for text in root.iter(f"{SVG}text"))
     with pytest.raises(InvalidInputError) as refused:
         collect(events.values(), last=0)
     assert refused.value.field == "last"
@@ -275,3 +276,29 @@ def test_a_new_kind_of_mark_is_one_line_in_the_table(monkeypatch: pytest.MonkeyP
     assert "HostLeaseTakenOver · seq 3" in (mark.findtext(f"{SVG}title") or "")
     assert "reason host-b took over" in (mark.findtext(f"{SVG}title") or "")
     assert any(text.text == "host lease taken over" for text in root.iter(f"{SVG}text"))  # in the legend
+
+
+def test_a_long_stream_keeps_the_window_and_what_was_open_at_its_start() -> None:
+    # 20,000 short leases; one long lease acquired first and still open through the window; the window
+    # in the middle. The long lease is drawn (it overlaps the window), with the last leases of the window.
+    start = 1_767_225_600_000
+
+    def events() -> Iterator[RecordedEvent]:
+        yield _recorded(1, "runner-a", "RunnerInitialized", start, {})
+        yield _recorded(2, "runner-a", "LeaseAcquired", start, {"lease_id": "long", "session_id": "s"})
+        seq = 2
+        for n in range(20_000):
+            at = start + 1000 * n
+            yield _recorded(seq + 1, "runner-a", "LeaseAcquired", at, {"lease_id": f"l-{n}", "session_id": "s"})
+            yield _recorded(seq + 2, "runner-a", "LeaseSettled", at + 500, {"lease_id": f"l-{n}"})
+            seq += 2
+        yield _recorded(seq + 1, "runner-a", "LeaseSettled", start + 20_000_000, {"lease_id": "long"})
+
+    since, until = start + 10_000_000, start + 10_010_000  # ten seconds: leases 10,000 to 10,010 overlap it
+    timeline = collect(events(), since_ms=since, until_ms=until, last=5)
+    (lane,) = timeline.lanes
+    assert [span.id for span in lane.leases] == [f"l-{n}" for n in range(10_006, 10_011)]
+    assert timeline.leases_left_out == 7  # l-10000 to l-10005, and the long lease, older than all of them
+    timeline = collect(events(), since_ms=since, until_ms=until, last=20)
+    assert [span.id for span in timeline.lanes[0].leases] == ["long"] + [f"l-{n}" for n in range(10_000, 10_011)]
+    assert timeline.lanes[0].leases[0].end_seq == 40_003 and timeline.leases_left_out == 0
