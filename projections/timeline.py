@@ -128,7 +128,7 @@ class _Collector:
     def feed(self, events: Iterable[RecordedEvent]) -> None:
         """Fold every event in; the loop is the whole cost of a picture, so it does as little as it can."""
         runners, actions, lanes, seconds = self.runners, _actions(), self.lanes, self.seconds
-        highlight, count = self.highlight_seq, 0
+        highlight, until, count = self.highlight_seq, self.until, 0
         for recorded in events:
             if recorded.seq == highlight:
                 self._highlight(recorded)
@@ -139,11 +139,13 @@ class _Collector:
             action = actions.get(recorded.type)
             if action is None:
                 continue
-            handler, kind, decode = action
+            handler, kind, decode, late = action
             at = recorded.at
             try:
                 base = seconds.get(at[:20])
                 at_ms = base + int(at[20:23]) if base is not None and len(at) == 24 and at[23] == "Z" else self._ms(at)
+                if at_ms > until and not late:
+                    continue  # after the window only the end of what it holds is drawn: no need to read this
                 facts = decode(recorded.body)
             except (msgspec.MsgspecError, ValueError, OverflowError):
                 self._unreadable(recorded.seq)
@@ -351,16 +353,23 @@ _HANDLERS: dict[str, _Handler] = {
     "UnitExited": _Collector.unit_ended,
     "UnitStopped": _Collector.unit_ended,
 }
-_Action = tuple[_Handler | None, MarkKind | None, Callable[[bytes], _LeaseFacts]]
+# What still matters after the window: the ends of the leases and units it holds, and state changes.
+_LATE = {_Collector.settled, _Collector.parked, _Collector.expired, _Collector.unit_ended, _Collector.state}
+_Action = tuple[_Handler | None, MarkKind | None, Callable[[bytes], _LeaseFacts], bool]
 
 
 def _actions() -> dict[str, _Action]:
-    """Per event tag: what it does, the mark it makes, and how its body is read (marks need their words).
+    """Per event tag: what it does, the mark it makes, how its body is read (marks need their words), and
+    whether it matters after the window.
 
     Made from `MARKS` as it is when a pass starts, so a kind added to the table is drawn with no other change.
     """
-    return {type_: (_HANDLERS.get(type_), MARKS.get(type_), _FACTS.decode if type_ in MARKS else _LEASE_FACTS.decode)
-            for type_ in {**_HANDLERS, **MARKS}}
+    actions: dict[str, _Action] = {}
+    for type_ in {**_HANDLERS, **MARKS}:
+        handler = _HANDLERS.get(type_)
+        decode = _FACTS.decode if type_ in MARKS else _LEASE_FACTS.decode
+        actions[type_] = (handler, MARKS.get(type_), decode, handler in _LATE)
+    return actions
 
 
 def collect(events: Iterable[RecordedEvent], *, runners: Collection[str] | None = None,
