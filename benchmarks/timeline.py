@@ -67,6 +67,7 @@ def _window(path: str) -> tuple[int, int]:
 def _draw_rate(path: str, **options: Any) -> Callable[[], float]:
     """A round: open the file, read it as the command does, collect and draw; the log's events per second."""
     from lifecycle_es.cli.access import open_store
+    from lifecycle_es.cli.timeline import readable
     from projections.timeline import collect
     from projections.timeline_svg import draw
 
@@ -77,8 +78,7 @@ def _draw_rate(path: str, **options: Any) -> Callable[[], float]:
             events = store.head().seq
 
             def whole() -> int:
-                read = store.read(stream=runners[0]) if runners else store.read()
-                svg = draw(collect(read, **options))
+                svg = draw(collect(readable(store, runners[0] if runners else None), **options))
                 assert 'class="bar lease' in svg
                 return events
             return rate(whole)

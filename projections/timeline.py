@@ -13,7 +13,8 @@ parts, and the table of marks (`MARKS`), are in ``timeline_parts.py``.
 `last` leases that overlap it (a lease acquired before the window is held while it is open, so one
 still running when the window starts is drawn), and a bounded number of bands and marks per runner
 and per lease. Memory is bounded whatever the log's length. It folds no rules: a log the audit would
-refuse is drawn as it is, and an event it cannot read is counted, not fatal.
+refuse is drawn as it is, an event whose body or time it cannot read is counted, not fatal, and a row
+the store cannot read ends the pass with what came before it drawn (``Timeline.stopped`` says why).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import msgspec
 
 from lifecycle_es.canonical import iso_ms, parse_iso_ms
-from lifecycle_es.errors import InvalidInputError
+from lifecycle_es.errors import InvalidInputError, LifecycleError
 from lifecycle_es.runner import PARK_REASONS
 from lifecycle_es.store import RecordedEvent
 
@@ -126,7 +127,14 @@ class _Collector:
         self.seconds: dict[str, int] = {}  # epoch ms of ``2026-01-01T00:00:00.``: a second is parsed once
 
     def feed(self, events: Iterable[RecordedEvent]) -> None:
-        """Fold every event in; the loop is the whole cost of a picture, so it does as little as it can."""
+        """Fold every event in; a row the store cannot read ends the pass (what came before is drawn)."""
+        try:
+            self._feed(events)
+        except LifecycleError as exc:  # a row edited outside the store: text that is not UTF-8, a bad type
+            self.timeline.stopped = str(exc)
+
+    def _feed(self, events: Iterable[RecordedEvent]) -> None:
+        # The loop is the whole cost of a picture, so it does as little as it can.
         runners, actions, lanes, seconds = self.runners, _actions(), self.lanes, self.seconds
         highlight, until, count = self.highlight_seq, self.until, 0
         for recorded in events:

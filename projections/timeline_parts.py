@@ -133,4 +133,5 @@ class Timeline:
     unreadable: int = 0  # events whose body or time could not be read
     first_unreadable: int | None = None
     highlight: Mark | None = None
+    stopped: str | None = None  # why the log could not be read to its end, if it could not
     runners_seen: set[str] = field(default_factory=set)

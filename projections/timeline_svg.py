@@ -358,6 +358,8 @@ def _notes(timeline: Timeline) -> list[str]:
     if timeline.marks_left_out:
         notes.append(f"{timeline.marks_left_out:,} older mark(s) or state change(s) left out (each row keeps its "
                      "newest)")
+    if timeline.stopped is not None:
+        notes.append(f"the log could not be read further, so this is what came before: {timeline.stopped}")
     if timeline.unreadable:
         notes.append(f"{timeline.unreadable:,} event(s) could not be read and are not drawn (the first at seq "
                      f"{timeline.first_unreadable:,}): lifecycle-es audit says why")

@@ -302,3 +302,16 @@ def test_a_long_stream_keeps_the_window_and_what_was_open_at_its_start() -> None
     timeline = collect(events(), since_ms=since, until_ms=until, last=20)
     assert [span.id for span in timeline.lanes[0].leases] == ["long"] + [f"l-{n}" for n in range(10_000, 10_011)]
     assert timeline.lanes[0].leases[0].end_seq == 40_003 and timeline.leases_left_out == 0
+
+
+def test_a_row_the_store_cannot_read_ends_the_picture_which_says_so(life: Life, tmp_path: Path) -> None:
+    path, seqs, _, _ = life
+    broken = copy_store(path, tmp_path / "broken.db", seal=False)
+    attack(broken, ("UPDATE events SET stream = CAST(x'ff41' AS TEXT) WHERE seq = ?", (seqs["rotated"],)))
+    out = tmp_path / "broken.svg"
+    done = run("timeline", broken, "-o", out)
+    assert done.returncode == 65 and f"seq {seqs['rotated']}" in one_error_line(done)
+    root = parsed(out.read_text())
+    assert len(shapes(root, "lease")) == 3 and shapes(root, "mark-park")  # what came before is drawn
+    assert not shapes(root, "mark-drain")  # and nothing after
+    assert any("could not be read further" in (text.text or "") for text in root.iter(f"{SVG}text"))

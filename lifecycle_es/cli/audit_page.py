@@ -13,10 +13,9 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from lifecycle_es._version import __version__
-from lifecycle_es.errors import LifecycleError
 from lifecycle_es.store import EventStore, RecordedEvent
 
-from .timeline import write_output
+from .timeline import readable, write_output
 
 CONTEXT_EVENTS = 200  # events drawn after the first problem, for what followed it
 LAST_LEASES = 40
@@ -45,10 +44,9 @@ def page(report: Any, store: EventStore, summary: str) -> str:
     from projections.timeline_svg import svg_text, timeline_svg  # the read side: only when a page is drawn
 
     first = report.first
-    stopped: list[str] = []
     runners = [first.stream] if first is not None and first.stream is not None else None
     until = first.seq + CONTEXT_EVENTS if first is not None and first.seq is not None else None
-    events = _until(_until_error(store.read(), stopped), until)
+    events = _until(readable(store), until)
     svg = timeline_svg(events, title=f"{report.path}: timeline" + (f" of {first.stream}" if runners else ""),
                        problem=first.reason if first is not None else None, runners=runners, last=LAST_LEASES,
                        highlight=first.seq if first is not None else None)
@@ -59,8 +57,6 @@ def page(report: Any, store: EventStore, summary: str) -> str:
         where = f"seq {first.seq:,}" if first.seq is not None else "the log"
         what = (f"The last {LAST_LEASES} leases of {who} up to {CONTEXT_EVENTS} events after the first problem "
                 f"({where}), which the red line marks.")
-    if stopped:
-        what += f" The log could not be read further: {stopped[0]}"
     rows = [f'<tr class="{"first" if problem == first else "other"}"><td>'
             f'{"-" if problem.seq is None else f"{problem.seq:,}"}</td><td>{svg_text(problem.stream or "-")}</td>'
             f"<td>{svg_text(problem.reason)}</td></tr>"
@@ -81,14 +77,6 @@ def page(report: Any, store: EventStore, summary: str) -> str:
         f'<div class="timeline">{svg}</div>',
         f'<p class="note">lifecycle-es {svg_text(__version__)}</p>',
         "</body></html>", ""])
-
-
-def _until_error(events: Iterable[RecordedEvent], stopped: list[str]) -> Iterator[RecordedEvent]:
-    """`events` until one cannot be read (a hostile row): the picture shows what came before it."""
-    try:
-        yield from events
-    except LifecycleError as exc:
-        stopped.append(str(exc))
 
 
 def _until(events: Iterable[RecordedEvent], seq: int | None) -> Iterator[RecordedEvent]:

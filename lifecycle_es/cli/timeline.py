@@ -7,7 +7,8 @@ A row per lease (a bar from acquisition to settle or park, coloured by outcome) 
 the runner's state along the top of its rows, marks for drains, parks, reclaims, proxy rotations and
 hook authorizations; hover any of them for its seq. The log is read once, in pages, and only the
 window's last ``--last`` leases are kept, so a log of millions of events draws in seconds in flat memory.
-It is drawn as it is, not proved: ``lifecycle-es audit`` proves it.
+It is drawn as it is, not proved: ``lifecycle-es audit`` proves it. A row the store cannot read (edited
+outside it) ends the picture there: it is written, saying so, and the exit code is 65.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ import contextlib
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from lifecycle_es.canonical import parse_iso_ms
+from lifecycle_es.errors import LifecycleError
+from lifecycle_es.store import PAGE, EventStore, RecordedEvent
 from lifecycle_es.values import safe_id
 
 from .access import int_at_least, open_store
-from .exits import EXIT_NOINPUT, EXIT_OK, EXIT_USAGE, CommandError
+from .exits import EXIT_DATAERR, EXIT_NOINPUT, EXIT_OK, EXIT_USAGE, CommandError, one_line
 
 DEFAULT_LAST = 50  # as projections.timeline.DEFAULT_LAST, without importing projections to build the parser
 
@@ -77,15 +81,41 @@ def run(args: argparse.Namespace) -> int:
     runners = args.runner
     with open_store(args.file, seal=False) as store:
         # One runner reads its own stream only; several, or all, read the log once and keep theirs.
-        events = store.read(stream=runners[0]) if runners and len(set(runners)) == 1 else store.read()
-        timeline = collect(events, runners=runners, since_ms=args.since, until_ms=args.until, last=args.last)
+        stream = runners[0] if runners and len(set(runners)) == 1 else None
+        timeline = collect(readable(store, stream), runners=runners, since_ms=args.since, until_ms=args.until,
+                           last=args.last)
     missing = sorted(set(runners or ()) - timeline.runners_seen)
     if missing:
         raise CommandError(EXIT_NOINPUT, f"runner {missing[0]!r} has no events in {args.file!r}")
     who = ", ".join(runners) if runners else "every runner"
     svg = draw(timeline, title=f"{os.path.basename(args.file)}: {who}")
     write_output(args.output, svg)
+    if timeline.stopped is not None:  # the picture is written, and says so too; the exit code tells a script
+        sys.stderr.write(f"lifecycle-es timeline: drawn up to a row that cannot be read: "
+                         f"{one_line(timeline.stopped)}\n")
+        return EXIT_DATAERR
     return EXIT_OK
+
+
+def readable(store: EventStore, stream: str | None = None) -> Iterator[RecordedEvent]:
+    """The log's events (of one stream), as ``store.read`` yields them; a page holding a row the store cannot
+    read (edited outside it) is read again row by row, so that every row before that one is yielded before
+    its error is raised."""
+    last = 0
+    while True:
+        try:
+            for recorded in store.read(after=last, stream=stream):
+                last = recorded.seq
+                yield recorded
+            return
+        except LifecycleError:
+            pass
+        for _ in range(PAGE):  # the error ends the pass here, unless it has gone (then pages again)
+            rows = list(store.read(after=last, stream=stream, limit=1))
+            if not rows:
+                return
+            last = rows[0].seq
+            yield rows[0]
 
 
 def write_output(path: str, text: str) -> None:
