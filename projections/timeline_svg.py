@@ -306,7 +306,7 @@ def draw(timeline: Timeline, *, title: str = "lifecycle-es timeline", problem: s
     notes = _notes(timeline)
     y = 56
     for note in notes:
-        canvas.text(LABEL_X, y, svg_text(note), size=11, fill="#a00000")
+        canvas.text(LABEL_X, y, svg_text(note, 200), size=11, fill="#a00000")
         y += 15
     y = _legend(canvas, y + 8)
     top = y + 22
@@ -319,7 +319,8 @@ def draw(timeline: Timeline, *, title: str = "lifecycle-es timeline", problem: s
         _lane(canvas, lane)
     bottom = canvas.y
     body, canvas.parts = canvas.parts, []
-    _axis(canvas, top, bottom)  # the grid goes under the rows
+    if timeline.lanes:
+        _axis(canvas, top, bottom)  # the grid goes under the rows
     grid, canvas.parts = canvas.parts, []
     if timeline.highlight is not None:
         _problem(canvas, timeline.highlight, problem, top, bottom)  # and the problem's line over them
