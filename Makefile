@@ -20,6 +20,8 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/lifecycle-es demo
+	$(BIN)/lifecycle-es timeline demo-run/runners.db -o demo-run/timeline.svg
+	@echo "The runner's life as a picture: demo-run/timeline.svg (open it in a browser; hover a shape for its seq)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check lifecycle_es projections hosts tests benchmarks

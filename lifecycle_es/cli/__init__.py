@@ -1,8 +1,9 @@
-"""The ``lifecycle-es`` command: audit, show, follow, rebuild, seal, export and import a log file.
+"""The ``lifecycle-es`` command: audit, show, follow, draw, rebuild, seal, export and import a log file.
 
     lifecycle-es audit FILE [--seal SEAL] [--key-file K] [--json] [--jobs N]
     lifecycle-es show FILE [RUNNER] [--at SEQ] [--json]
     lifecycle-es events FILE [--runner R] [--after SEQ] [--follow] [--json]
+    lifecycle-es timeline FILE [--runner R ...] [--since T] [--until T] [--last N] -o OUT.svg
     lifecycle-es rebuild FILE
     lifecycle-es seal FILE [--key-file K] [--no-verify]
     lifecycle-es export FILE OUT.jsonl
@@ -38,7 +39,7 @@ __all__ = ["COMMAND_MODULES", "ArgumentParser", "build_parser", "main"]
 PROG = "lifecycle-es"
 
 # The registry: modules of this package that add subcommands, in the order --help lists them.
-COMMAND_MODULES: list[str] = ["audit", "show", "events", "maintenance", "transfer", "host"]
+COMMAND_MODULES: list[str] = ["audit", "show", "events", "timeline", "maintenance", "transfer", "host"]
 
 
 class ArgumentParser(argparse.ArgumentParser):

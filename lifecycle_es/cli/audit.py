@@ -3,6 +3,7 @@
     lifecycle-es audit runners.db                       chain, rules, snapshots, read models, seal
     lifecycle-es audit runners.db --key-file store.key  a keyed store: MACs need the key
     lifecycle-es audit runners.db --json --jobs 4       one JSON object; 4 processes share the work
+    lifecycle-es audit runners.db --html report.html    also a page: findings, and the timeline at the first problem
 
 Exit 0 when the log is whole, 65 when it is not (and for a file that is not a lifecycle-es store),
 66 for a missing file, 77 for a keyed store without its key; see ``exits.py``.
@@ -31,6 +32,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seal", metavar="SEAL", help="the seal file to check (default: FILE.seal when present)")
     parser.add_argument("--key-file", metavar="K", help="the store key: 32 raw bytes or 64 hex characters")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--html", metavar="OUT.html", help="also write the findings as one self-contained HTML page, "
+                                                           "with the timeline drawn and the first problem marked on it")
     parser.add_argument("--jobs", type=int_at_least(1), default=os.cpu_count() or 1, metavar="N",
                         help="worker processes, each checking a seq range of the chain and replaying a share of "
                              "the runners (default: %(default)s, the CPUs; a log under 10,000 events a worker "
@@ -47,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
         seal_path = default_seal(args.file, args.seal)
         with open_store(args.file, key=key, seal=False, need_key=True) as store:
             report = audit(store, key=key, jobs=args.jobs, seal_path=seal_path)
+            if args.html:
+                from .audit_page import write_page
+
+                write_page(args.html, report, store, summary(report))
     except Exception as exc:
         if args.json:  # a machine still gets its one object, saying why there is no report
             code, message = classify(exc)
