@@ -214,8 +214,9 @@ class LocalHost:
                env: Mapping[str, str] | None) -> UnitRecord:
         run = self._hold(lease_id)
         unit = self.driver.new_unit_name(lease_id) if isinstance(self.driver, SystemdUnits) else None
-        self.lifecycle.record([UnitStarting(lease_id=lease_id, lease_generation=lease_generation, mode=self.mode,
-                                            run_dir=str(run.path), unit=unit, command=tuple(command))])
+        self.lifecycle.record_host_facts([UnitStarting(lease_id=lease_id, lease_generation=lease_generation,
+                                                       mode=self.mode, run_dir=str(run.path), unit=unit,
+                                                       command=tuple(command))])
         resources = self.lifecycle.state().resources
         merged_env = {**self._env, **(env or {})}
         try:
@@ -229,7 +230,8 @@ class LocalHost:
             self._end_unit(lease_id, lease_generation, str(run.path), "checkout-failure", None, None,
                            f"start failed: {exc}")
             raise
-        self.lifecycle.record([UnitStarted(lease_id=lease_id, lease_generation=lease_generation, handle=handle)])
+        self.lifecycle.record_host_facts([UnitStarted(lease_id=lease_id, lease_generation=lease_generation,
+                                                      handle=handle)])
         return handle
 
     def status(self, handle: UnitRecord) -> str:
@@ -242,7 +244,7 @@ class LocalHost:
         """Stop a unit (SIGTERM, wait, SIGKILL / systemctl stop) and record ``UnitStopped``."""
         lease_id = Path(handle.run_dir).name
         self.driver.stop(handle)
-        self.lifecycle.record([UnitStopped(lease_id=lease_id, reason="stopped")])
+        self.lifecycle.record_host_facts([UnitStopped(lease_id=lease_id, reason="stopped")])
         self._release(lease_id)
 
     # --- reconcile -----------------------------------------------------------------------------------
@@ -292,8 +294,8 @@ class LocalHost:
             handle = UnitRecord(mode="systemd", host=self.driver.host_name, boot_id=self.driver.boot_id,
                                 run_dir=view.run_dir, unit=view.unit)
         if handle is not None and self.driver.status(handle) == "running":
-            self.lifecycle.record([UnitStarted(lease_id=view.lease_id, lease_generation=view.lease_generation,
-                                               handle=handle)])
+            self.lifecycle.record_host_facts([UnitStarted(lease_id=view.lease_id,
+                                                          lease_generation=view.lease_generation, handle=handle)])
             view.phase, view.handle = "running", handle
             actions.append(Action(kind="adopted", lease_id=view.lease_id))
             return
@@ -338,7 +340,7 @@ class LocalHost:
             return
         record_wake(self.lifecycle, view.lease_id, decision.until)
         self.driver.stop(handle)
-        self.lifecycle.record([UnitStopped(lease_id=view.lease_id, reason="parked-waiting")])
+        self.lifecycle.record_host_facts([UnitStopped(lease_id=view.lease_id, reason="parked-waiting")])
         view.phase, view.wake_at = "waiting", decision.until
         self._release(view.lease_id)
         actions.append(Action(kind="parked-waiting", lease_id=view.lease_id, detail=f"wake at {decision.until}"))
@@ -358,7 +360,7 @@ class LocalHost:
 
     def _signal(self, view: UnitView, signum: int, reason: str, actions: list[Action]) -> None:
         name = signal.Signals(signum).name
-        self.lifecycle.record([UnitSignalled(lease_id=view.lease_id, signal=name, reason=reason)])
+        self.lifecycle.record_host_facts([UnitSignalled(lease_id=view.lease_id, signal=name, reason=reason)])
         assert view.handle is not None
         self.driver.signal(view.handle, signum)
         self._signalled_here.add((view.lease_id, name))
@@ -366,12 +368,12 @@ class LocalHost:
 
     def _record_exit(self, view: UnitView, outcome: str, code: int | None, sig: str | None,
                      actions: list[Action]) -> None:
-        self.lifecycle.record([UnitExited(lease_id=view.lease_id, code=code, signal=sig, outcome=outcome)])
+        self.lifecycle.record_host_facts([UnitExited(lease_id=view.lease_id, code=code, signal=sig, outcome=outcome)])
         view.phase, view.outcome = "exited", outcome
         actions.append(Action(kind="exited", lease_id=view.lease_id, detail=f"{outcome} code={code} signal={sig}"))
 
     def _record_stop(self, view: UnitView, reason: str, actions: list[Action]) -> None:
-        self.lifecycle.record([UnitStopped(lease_id=view.lease_id, reason=reason)])
+        self.lifecycle.record_host_facts([UnitStopped(lease_id=view.lease_id, reason=reason)])
         view.phase = "stopped"
         self._release(view.lease_id)
         actions.append(Action(kind="stopped", lease_id=view.lease_id, detail=reason))
