@@ -50,7 +50,7 @@ from .state import RunnerState as RunnerState
 from .state import decode_state as decode_state
 from .state import encode_state as encode_state
 from .units import UNIT_HANDLERS, forget_start
-from .values import ProxyAuthority, Resources, safe_digest, safe_id, safe_path, safe_target, shown
+from .values import DIGEST_RE, ID_RE, ProxyAuthority, Resources, safe_digest, safe_id, safe_path, safe_target, shown
 
 STATES = ("accepting", "draining", "parked", "reclaiming")
 LEASE_STATUSES = ("active", "settled", "parked")
@@ -67,6 +67,8 @@ HOOK_DOMAIN = "chainlesschain.execution-location.post-session-hook.v1\x00"
 
 
 _replace = msgspec.structs.replace
+_ID_MATCH = ID_RE.fullmatch
+_DIGEST_MATCH = DIGEST_RE.fullmatch
 
 
 def hook_receipt_material(*, runner_id: str, runner_generation: int, lease_id: str, lease_generation: int,
@@ -201,8 +203,11 @@ def _lease_acquired(draft: RunnerDraft, event: LeaseAcquired, at_ms: int, at: st
     if proxy.revision < draft.proxy_authority.revision:
         raise AuthorityError(f"execution location proxy authority revision rolled back (proxy_authority.revision "
                              f"{proxy.revision} < {draft.proxy_authority.revision})")
-    safe_id(event.lease_id, "lease_id")
-    safe_id(event.session_id, "session_id")
+    # safe_id's test, its call spared when the value passes (the checks run for every event replayed).
+    if type(event.lease_id) is not str or _ID_MATCH(event.lease_id) is None:
+        safe_id(event.lease_id, "lease_id")
+    if type(event.session_id) is not str or _ID_MATCH(event.session_id) is None:
+        safe_id(event.session_id, "session_id")
     _canonical(event.expires_at, "expires_at")
     ttl = parse_iso_ms(event.expires_at) - at_ms
     if event.issued_at != at or not MIN_TTL_MS <= ttl <= MAX_TTL_MS:
@@ -261,24 +266,28 @@ def _active_lease(draft: RunnerDraft, lease_id: str, lease_generation: int, mess
 
 
 def _lease_settled(draft: RunnerDraft, event: LeaseSettled, at_ms: int, at: str) -> None:
-    safe_digest(event.result_digest, "result_digest")
+    if type(event.result_digest) is not str or _DIGEST_MATCH(event.result_digest) is None:
+        safe_digest(event.result_digest, "result_digest")
     lease = _active_lease(draft, event.lease_id, event.lease_generation,
                           "execution location result lease fence is stale")
-    forget_start(draft, lease.id)
+    if draft.units_starting:
+        forget_start(draft, lease.id)
     draft.replace_lease(lease, _replace(lease, status="settled", result_digest=event.result_digest))
     draft.updated_at = at
     draft.pending_park = "drain-settled" if draft.state == "draining" and draft.active_count() == 0 else None
 
 
 def _lease_parked(draft: RunnerDraft, event: LeaseParked, at_ms: int, at: str) -> None:
-    safe_digest(event.result_digest, "result_digest")
+    if type(event.result_digest) is not str or _DIGEST_MATCH(event.result_digest) is None:
+        safe_digest(event.result_digest, "result_digest")
     if event.reason not in PARK_REASONS:
         raise InvalidInputError("reason", f"execution location park reason is invalid: {event.reason!r}")
     if draft.state not in ("accepting", "draining"):
         raise StaleFenceError(f"execution location park lease fence is stale (runner {draft.state})")
     lease = _active_lease(draft, event.lease_id, event.lease_generation,
                           "execution location park lease fence is stale")
-    forget_start(draft, lease.id)
+    if draft.units_starting:
+        forget_start(draft, lease.id)
     draft.replace_lease(lease, _replace(lease, status="parked", result_digest=event.result_digest))
     draft.updated_at = at
     draft.pending_park = "lease-parked" if draft.active_count() == 0 else None

@@ -55,8 +55,10 @@ from .values import MAX_SAFE_INTEGER, safe_id, safe_int, safe_path, shown
 
 
 def _lease(draft: RunnerDraft, lease_id: object) -> Lease:
-    lease = draft.lease(safe_id(lease_id, "lease_id"))
+    # A retained lease's id passed the id check when it was granted: only an id not found needs one.
+    lease = draft.lease(lease_id) if type(lease_id) is str else None
     if lease is None:
+        safe_id(lease_id, "lease_id")
         raise StaleFenceError(f"unit fact names a lease the runner does not hold (lease_id {lease_id})")
     return lease
 
@@ -115,9 +117,12 @@ def _intent(draft: RunnerDraft, lease_id: str) -> UnitIntent | None:
 
 
 def forget_start(draft: RunnerDraft, lease_id: str) -> None:
-    """Drop the announced start of `lease_id`'s unit, if any (its unit started or ended, or its lease did)."""
+    """Drop the announced start of `lease_id`'s unit, if any (its unit started or ended, or its lease did).
+
+    Callers look at ``draft.units_starting`` first: mostly empty, it spares them the call.
+    """
     starting = draft.units_starting
-    if starting and any(intent.lease_id == lease_id for intent in starting):
+    if any(intent.lease_id == lease_id for intent in starting):
         draft.units_starting = tuple(intent for intent in starting if intent.lease_id != lease_id)
 
 
@@ -130,7 +135,8 @@ def _unit_starting(draft: RunnerDraft, event: UnitStarting, at_ms: int, at: str)
     elif event.unit is not None:
         raise InvalidInputError("unit", f"unit is invalid: a child-mode unit has no unit name, got {shown(event.unit)}")
     _command(event.command)
-    forget_start(draft, lease.id)
+    if draft.units_starting:
+        forget_start(draft, lease.id)
     draft.units_starting = (*draft.units_starting,
                             UnitIntent(lease_id=lease.id, mode=mode, run_dir=run_dir, unit=event.unit))
 
@@ -166,7 +172,7 @@ def _unit_started(draft: RunnerDraft, event: UnitStarted, at_ms: int, at: str) -
             if value is not None:
                 raise InvalidInputError(field, f"{field} is invalid: a systemd unit is found by its name, "
                                                f"got {shown(value)}")
-    forget_start(draft, lease.id)
+    forget_start(draft, lease.id)  # it holds this lease's start, found above
 
 
 def _unit_signalled(draft: RunnerDraft, event: UnitSignalled, at_ms: int, at: str) -> None:
@@ -186,13 +192,15 @@ def _unit_exited(draft: RunnerDraft, event: UnitExited, at_ms: int, at: str) -> 
             raise InvalidInputError("code", f"code is invalid: a unit ends by an exit code or a signal, not both "
                                             f"(code {code}, signal {signal})")
     _member(event.outcome, UNIT_OUTCOMES, "outcome")
-    forget_start(draft, lease.id)
+    if draft.units_starting:
+        forget_start(draft, lease.id)
 
 
 def _unit_stopped(draft: RunnerDraft, event: UnitStopped, at_ms: int, at: str) -> None:
     lease = _lease(draft, event.lease_id)
     _member(event.reason, UNIT_STOP_REASONS, "reason")
-    forget_start(draft, lease.id)
+    if draft.units_starting:
+        forget_start(draft, lease.id)
 
 
 def _unit_wake_recorded(draft: RunnerDraft, event: UnitWakeRecorded, at_ms: int, at: str) -> None:
