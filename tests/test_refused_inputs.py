@@ -44,10 +44,13 @@ from lifecycle_es import (
     assert_lease_authority,
     lifecycle_profile_from_lease,
 )
+from lifecycle_es.canonical import receipt_digest
 from lifecycle_es.events import (
     RUNNER_SCHEMA,
+    DrainExpired,
     DrainRequested,
     Event,
+    HookAuthorized,
     LeaseAcquired,
     LeaseParked,
     LeaseSettled,
@@ -776,6 +779,40 @@ def test_a_recorded_base_dir_must_be_one_the_commands_resolve_to(leased: Leased,
     with EventStore.open(leased.store.path, read_only=True) as store, pytest.raises(IntegrityError) as replayed:
         projections.replay(store)
     assert replayed.value.seq == seq and "runner baseDir is invalid" in replayed.value.reason
+
+
+def _hook(env: Leased, hook: str = "garbage") -> list[Event]:
+    from lifecycle_es.runner import HOOK_DOMAIN, hook_receipt_material
+
+    material = hook_receipt_material(runner_id="runner-1", runner_generation=3, lease_id=env.lease_id,
+                                     lease_generation=1, result_digest=DIGEST, hook_digest=hook)
+    return [HookAuthorized(lease_id=env.lease_id, lease_generation=1, runner_generation=3, result_digest=DIGEST,
+                           hook_digest=hook, receipt_digest=receipt_digest(HOOK_DOMAIN, material))]
+
+
+@pytest.mark.parametrize(("prepare", "forged", "words"), [
+    # Settled, then a drain with nothing active parks the runner at once (generation 3): a hook may be
+    # authorized, but only for the runner's recorded hook digest, whatever receipt the event carries.
+    pytest.param(lambda env: (env.lifecycle.settle_lease(lease_id=env.lease_id, lease_generation=1,
+                                                         result_digest=DIGEST),
+                              env.lifecycle.request_drain(expected_generation=1)),
+                 _hook, "post-session hook fence is stale", id="hook-digest-not-the-runners"),
+    # Draining past its deadline: the leases an expired drain parks are exactly the active ones.
+    pytest.param(lambda env: env.lifecycle.request_drain(expected_generation=1, timeout_ms=1),
+                 lambda env: [DrainExpired(lease_ids=("../../etc",),
+                                           deadline_at=env.lifecycle.state().drain.deadline_at)],  # type: ignore[union-attr]
+                 "not the runner's active leases", id="drain-expired-lease-ids"),
+])
+def test_fields_a_rule_compares_with_the_state_are_bound_by_it(
+        leased: Leased, prepare: Callable[[Leased], object], forged: Callable[[Leased], list[Event]],
+        words: str) -> None:
+    prepare(leased)
+    events = forged(leased)
+    leased.store.close()
+    (seq,) = forge(leased.store.path, "runner-1", events, iso(leased.at_ms + 1_000))
+    with EventStore.open(leased.store.path, read_only=True) as store, pytest.raises(IntegrityError) as replayed:
+        projections.replay(store)
+    assert replayed.value.seq == seq and words in replayed.value.reason
 
 
 def test_a_runner_is_recorded_in_its_own_stream(leased: Leased) -> None:
