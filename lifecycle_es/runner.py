@@ -4,7 +4,10 @@
 of the seed that the event must have obeyed: the command path builds events from a caller's input and
 applies them (a broken rule raises the seed's error kind and message, and nothing is appended); the
 replay path applies recorded events (a broken rule is an IntegrityError at that seq). One set of rules
-serves both, so a log the commands could not have written never replays clean.
+serves both, so a log the commands could not have written never replays clean: besides fences and
+transitions, every field is held to the checks its command runs on its input (the same functions of
+``values.py``), unit facts to what a host driver writes (``units.py``), and no event may be stamped
+before its stream's previous one, nor in another spelling than the canonical one.
 
 Each rule checks an event against a `RunnerDraft` (``state.py``) and then changes it: `apply` thaws a
 frozen state, steps one event and freezes the result; a replay of many events thaws once (keyed),
