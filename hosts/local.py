@@ -121,8 +121,9 @@ class LocalHost(Reconciler):
                env: Mapping[str, str] | None) -> UnitRecord:
         run = self._hold(lease_id)
         unit = self.driver.new_unit_name(lease_id) if isinstance(self.driver, SystemdUnits) else None
-        self.lifecycle.record([UnitStarting(lease_id=lease_id, lease_generation=lease_generation, mode=self.mode,
-                                            run_dir=str(run.path), unit=unit, command=tuple(command))])
+        self.lifecycle.record_host_facts([UnitStarting(lease_id=lease_id, lease_generation=lease_generation,
+                                                       mode=self.mode, run_dir=str(run.path), unit=unit,
+                                                       command=tuple(command))])
         resources = self.lifecycle.state().resources
         merged_env = {**self._env, **(env or {})}
         try:
@@ -148,7 +149,8 @@ class LocalHost(Reconciler):
         except UnitStartError:
             self._end_unit(lease_id, lease_generation, str(run.path), "checkout-failure", None, None)
             raise
-        self.lifecycle.record([UnitStarted(lease_id=lease_id, lease_generation=lease_generation, handle=handle)])
+        self.lifecycle.record_host_facts([UnitStarted(lease_id=lease_id, lease_generation=lease_generation,
+                                                      handle=handle)])
         return handle
 
     def _unproven_handle(self, handle: UnitRecord) -> str | None:
@@ -182,7 +184,7 @@ class LocalHost(Reconciler):
             raise UnprovenUnitError(f"not stopping a unit this host cannot prove it started: {why}")
         lease_id = Path(handle.run_dir).name
         self.driver.stop(handle)
-        self.lifecycle.record([UnitStopped(lease_id=lease_id, reason="stopped")])
+        self.lifecycle.record_host_facts([UnitStopped(lease_id=lease_id, reason="stopped")])
         self._release(lease_id)
 
     # --- serving -------------------------------------------------------------------------------------

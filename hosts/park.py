@@ -254,4 +254,4 @@ def record_wake(lifecycle: RunnerLifecycle, lease_id: str, wake_at: int) -> None
     """
     if type(wake_at) is not int or wake_at < 0:
         raise InvalidInputError("wake_at", f"wake_at must be epoch milliseconds, got {wake_at!r}")
-    lifecycle.record([UnitWakeRecorded(lease_id=safe_id(lease_id, "lease_id"), wake_at=wake_at)])
+    lifecycle.record_host_facts([UnitWakeRecorded(lease_id=safe_id(lease_id, "lease_id"), wake_at=wake_at)])

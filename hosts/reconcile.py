@@ -259,8 +259,8 @@ class Reconciler(abc.ABC):
             handle = planned if read_proof(own) == proof else None
         if handle is not None and self.driver.status(handle) == "running":
             self._prove(self._hold(view.lease_id), view.lease_id, view.lease_generation, handle, view.command)
-            self.lifecycle.record([UnitStarted(lease_id=view.lease_id, lease_generation=view.lease_generation,
-                                               handle=handle)])
+            self.lifecycle.record_host_facts([UnitStarted(lease_id=view.lease_id,
+                                                          lease_generation=view.lease_generation, handle=handle)])
             view.phase, view.handle = "running", handle
             actions.append(Action(kind="adopted", lease_id=view.lease_id))
             return
@@ -312,7 +312,7 @@ class Reconciler(abc.ABC):
             return
         record_wake(self.lifecycle, view.lease_id, decision.until)
         self.driver.stop(handle)
-        self.lifecycle.record([UnitStopped(lease_id=view.lease_id, reason="parked-waiting")])
+        self.lifecycle.record_host_facts([UnitStopped(lease_id=view.lease_id, reason="parked-waiting")])
         view.phase, view.wake_at = "waiting", decision.until
         self._release(view.lease_id)
         actions.append(Action(kind="parked-waiting", lease_id=view.lease_id, detail=f"wake at {decision.until}"))
@@ -336,7 +336,7 @@ class Reconciler(abc.ABC):
 
     def _signal(self, view: UnitView, signum: int, reason: str, actions: list[Action]) -> None:
         name = signal.Signals(signum).name
-        self.lifecycle.record([UnitSignalled(lease_id=view.lease_id, signal=name, reason=reason)])
+        self.lifecycle.record_host_facts([UnitSignalled(lease_id=view.lease_id, signal=name, reason=reason)])
         assert view.handle is not None
         self.driver.signal(view.handle, signum)
         self._signalled_here.add((view.lease_id, name))
@@ -346,12 +346,12 @@ class Reconciler(abc.ABC):
 
     def _record_exit(self, view: UnitView, outcome: str, code: int | None, sig: str | None,
                      actions: list[Action]) -> None:
-        self.lifecycle.record([UnitExited(lease_id=view.lease_id, code=code, signal=sig, outcome=outcome)])
+        self.lifecycle.record_host_facts([UnitExited(lease_id=view.lease_id, code=code, signal=sig, outcome=outcome)])
         view.phase, view.outcome = "exited", outcome
         actions.append(Action(kind="exited", lease_id=view.lease_id, detail=f"{outcome} code={code} signal={sig}"))
 
     def _record_stop(self, view: UnitView, reason: str, actions: list[Action]) -> None:
-        self.lifecycle.record([UnitStopped(lease_id=view.lease_id, reason=reason)])
+        self.lifecycle.record_host_facts([UnitStopped(lease_id=view.lease_id, reason=reason)])
         view.phase = "stopped"
         self._release(view.lease_id)
         actions.append(Action(kind="stopped", lease_id=view.lease_id, detail=reason))

@@ -46,8 +46,9 @@ class RunnerDraft(abc.ABC):
     of which checks what it must before changing anything (so a refused event leaves the draft as it was).
     """
 
-    __slots__ = ("base_dir", "drain", "generation", "pending_park", "policy_revision", "post_session_hook_digest",
-                 "proxy_authority", "resources", "runner_id", "schema", "state", "target", "updated_at")
+    __slots__ = ("base_dir", "drain", "generation", "last_at", "pending_park", "policy_revision",
+                 "post_session_hook_digest", "proxy_authority", "resources", "runner_id", "schema", "state", "target",
+                 "units_starting", "updated_at")
 
     def _take(self, state: Any) -> None:
         self.schema = state.schema
@@ -63,6 +64,10 @@ class RunnerDraft(abc.ABC):
         self.drain = state.drain
         self.updated_at = state.updated_at
         self.pending_park = state.pending_park
+        # A state stored before `last_at` was kept: its last event was a lifecycle event, or the time
+        # of a unit fact after it is lost; `updated_at` is the latest time it can vouch for.
+        self.last_at = state.last_at or state.updated_at
+        self.units_starting = state.units_starting
 
     def _value(self, leases: tuple[Lease, ...], index: _LeaseIndex) -> RunnerState:
         state = RunnerState(
@@ -70,7 +75,8 @@ class RunnerDraft(abc.ABC):
             generation=self.generation, policy_revision=self.policy_revision, base_dir=self.base_dir,
             resources=self.resources, proxy_authority=self.proxy_authority,
             post_session_hook_digest=self.post_session_hook_digest, drain=self.drain, leases=leases,
-            updated_at=self.updated_at, pending_park=self.pending_park)
+            updated_at=self.updated_at, pending_park=self.pending_park, last_at=self.last_at,
+            units_starting=self.units_starting)
         state.__dict__[_INDEX] = index
         return state
 

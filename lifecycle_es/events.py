@@ -12,6 +12,7 @@ event's ``at``. Unit events are the host driver's side effects on the runner's s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Union
 
@@ -22,6 +23,34 @@ from .errors import InvalidInputError
 from .values import ProxyAuthority, Resources
 
 RUNNER_SCHEMA = "cc-execution-location-runner-lifecycle/v1"
+
+# What a host driver writes into unit facts, defined once: the rules hold every recorded fact to these
+# (``lifecycle_es.units``), and the host drivers take their values from here.
+UNIT_MODES = frozenset({"child", "systemd"})
+"""``UnitStarting.mode`` / ``UnitRecord.mode``: a detached child process, or a transient systemd service."""
+UNIT_OUTCOMES = frozenset({"settled", "lost-poll", "resource-limit", "checkout-failure"})
+"""``UnitExited.outcome``: what the host made of a unit's end (exit 0, any other end, its limits, no start)."""
+UNIT_STOP_REASONS = frozenset({"stopped", "lease-ended", "lease-expired", "parked-waiting", "unsafe-file",
+                               "unproven-handle"})
+"""``UnitStopped.reason``: asked to stop, its lease ended or expired, its work only waits, it left a file the
+host may not read (a link, a FIFO, too large), or the host cannot prove it started the unit its facts name."""
+UNIT_SIGNAL_REASONS = frozenset({"drain", "drain-deadline"})
+"""``UnitSignalled.reason``: the drain's SIGTERM, the drain deadline's SIGKILL."""
+UNIT_SIGNALS_SENT = frozenset({"SIGTERM", "SIGKILL"})
+"""``UnitSignalled.signal``: the signals a host sends a unit."""
+SIGNAL_NAME_RE = re.compile(r"SIG[A-Z0-9+]{1,16}")
+"""``UnitExited.signal``: a signal's name as a host records a death by it (``SIGXCPU``, ``SIG35``, ``SIGRTMIN+1``)."""
+UNIT_NAME_RE = re.compile(r"[A-Za-z0-9:_.-]{1,200}")
+"""A systemd unit name a host chooses (``UnitStarting.unit``, ``UnitRecord.unit``)."""
+HOST_LABEL_RE = re.compile(r"[!-~]{1,255}")
+"""``UnitRecord.host`` and ``boot_id``: 1..255 printable ASCII characters, no space or control character."""
+MAX_EXIT_CODE = 255
+MAX_PID = 4_194_304
+"""Linux's PID_MAX_LIMIT: no process id is larger."""
+MAX_COMMAND_ARGS = 256
+"""``UnitStarting.command``: at most this many arguments ..."""
+MAX_ARG_CHARS = 8_192
+"""... of at most this many characters each."""
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

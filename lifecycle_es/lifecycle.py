@@ -67,7 +67,7 @@ from .runner import (
     hook_receipt_material,
 )
 from .store import EventStore, RecordedEvent, _WriteTransaction
-from .values import ProxyAuthority, Resources, safe_digest, safe_id, safe_int, safe_target
+from .values import MAX_PATH_CHARS, ProxyAuthority, Resources, safe_digest, safe_id, safe_int, safe_path, safe_target
 
 DEFAULT_TTL_MS = 10 * 60 * 1000
 DEFAULT_DRAIN_MS = 30_000
@@ -87,16 +87,14 @@ def _random_hex() -> str:
 
 
 def normalize_base_dir(base_dir: object) -> str:
-    """An absolute, normalized base directory path (1..4096 characters, no NUL), or InvalidInputError."""
+    """An absolute, normalized base directory (1..4096 characters, no NUL nor lone surrogate), or InvalidInputError."""
     if not isinstance(base_dir, str | os.PathLike):
         raise InvalidInputError("base_dir", f"runner baseDir is invalid: {type(base_dir).__name__} is not a path")
     text = os.fspath(base_dir)
-    if not isinstance(text, str) or "\0" in text or not 1 <= len(text) <= 4096:
+    if not isinstance(text, str) or "\0" in text or not 1 <= len(text) <= MAX_PATH_CHARS:
         raise InvalidInputError("base_dir", "runner baseDir is invalid: empty, too long, or holds NUL")
-    resolved = os.path.abspath(text)
-    if len(resolved) > 4096:
-        raise InvalidInputError("base_dir", "runner baseDir is invalid: longer than 4096 characters")
-    return resolved
+    # The very check the rules hold a recorded base dir to, on the path as resolved.
+    return safe_path(os.path.abspath(text), "base_dir", "runner baseDir")
 
 
 def _generation(value: object, field: str) -> int:
@@ -186,7 +184,7 @@ class RunnerLifecycle:
             if current.state is None:
                 raise UnknownRunnerError(f"runner {self.runner_id} is not initialized")
             self._check_identity(current.state)
-            now_ms = self._clock()
+            now_ms = self._stamp(tx, current.state)
             at = iso_ms(now_ms)
             events = decide(current.state, now_ms, at)
             state = current.state
@@ -203,6 +201,20 @@ class RunnerLifecycle:
                 write_snapshot(self.store, self.runner_id, folded, recorded[-1].hash)
         self._folded = folded
         return state, recorded
+
+    def _stamp(self, tx: _WriteTransaction, state: RunnerState | None) -> int:
+        """The time a command's events are stamped: the clock, but never before the log's head or the
+        stream's last event (a clock stepped back must neither stop the commands nor run the log backwards).
+
+        Read under the write lock, so no event can land before this one with a later stamp.
+        """
+        now_ms = self._clock()
+        head_at = tx.store.head().at
+        if head_at:
+            now_ms = max(now_ms, parse_iso_ms(head_at))
+        if state is not None:
+            now_ms = max(now_ms, parse_iso_ms(state.last_at or state.updated_at))
+        return now_ms
 
     def _preflight_base_dir(self) -> None:
         try:
@@ -230,7 +242,7 @@ class RunnerLifecycle:
         with self.store.transaction("initialize") as tx:
             current = self._catch_up(tx)
             if current.state is None:
-                at = iso_ms(self._clock())
+                at = iso_ms(self._stamp(tx, None))
                 event = RunnerInitialized(schema=RUNNER_SCHEMA, runner_id=self.runner_id, target=self.target,
                                           base_dir=self.base_dir, resources=self.resources,
                                           post_session_hook_digest=self.post_session_hook_digest)
@@ -414,14 +426,20 @@ class RunnerLifecycle:
 
         return project(self._commit("complete_reclaim", decide)[0])
 
-    def record(self, events: list[Event]) -> list[RecordedEvent]:
-        """Append a host's unit facts (``UnitStarting`` ... ``UnitWakeRecorded``) to the runner's stream.
+    def record_host_facts(self, events: list[Event]) -> list[RecordedEvent]:
+        """For host drivers: append the unit facts of this runner's units (``UnitStarting`` ... ``UnitWakeRecorded``).
 
-        They are decided like any command: under the write lock, against the current state, through
-        the rules (a unit may only start for an active lease), all in one transaction.
+        Decided like any command, under the write lock against the current state, all in one
+        transaction, through the rules of ``lifecycle_es.units``: the lease is one the runner holds; a
+        start needs it active at the generation named, and ``UnitStarted`` the ``UnitStarting`` it
+        follows (same mode and run directory); the run directory is absolute, normalized and the
+        lease's; pid, start ticks, unit name, exit code, signal, outcome and reason lie within what a
+        host writes. A refused fact raises InvalidInputError naming its field (or StaleFenceError) and
+        nothing is appended. Only a host driver has these facts to tell: anyone else recording them
+        would make the host act on units it never started.
         """
         facts = _unit_facts(events)
-        return self._commit("record", lambda state, now_ms, at: list(facts))[1]
+        return self._commit("record_host_facts", lambda state, now_ms, at: list(facts))[1]
 
     def authorize_post_session_hook(self, *, expected_runner_generation: int, lease_id: str, lease_generation: int,
                                     result_digest: str, hook_digest: str) -> HookReceipt:

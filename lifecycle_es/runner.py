@@ -4,7 +4,10 @@
 of the seed that the event must have obeyed: the command path builds events from a caller's input and
 applies them (a broken rule raises the seed's error kind and message, and nothing is appended); the
 replay path applies recorded events (a broken rule is an IntegrityError at that seq). One set of rules
-serves both, so a log the commands could not have written never replays clean.
+serves both, so a log the commands could not have written never replays clean: besides fences and
+transitions, every field is held to the checks its command runs on its input (the same functions of
+``values.py``), unit facts to what a host driver writes (``units.py``), and no event may be stamped
+before its stream's previous one, nor in another spelling than the canonical one.
 
 Each rule checks an event against a `RunnerDraft` (``state.py``) and then changes it: `apply` thaws a
 frozen state, steps one event and freezes the result; a replay of many events thaws once (keyed),
@@ -22,12 +25,11 @@ from typing import Any
 
 import msgspec
 
-from .canonical import parse_iso_ms, receipt_digest
+from .canonical import MAX_EPOCH_MS, iso_ms, parse_iso_ms, receipt_digest, timestamp
 from .draft import RunnerDraft, new_draft, thaw
 from .errors import AuthorityError, InvalidInputError, LifecycleError, StaleFenceError
 from .events import (
     RUNNER_SCHEMA,
-    UNIT_EVENTS,
     DrainExpired,
     DrainRequested,
     Event,
@@ -40,7 +42,6 @@ from .events import (
     ReclaimCompleted,
     RunnerInitialized,
     RunnerParked,
-    UnitStarting,
 )
 
 # The state's types and codec live in state.py; they are imported from here as they always were.
@@ -51,7 +52,8 @@ from .state import RunnerCapacityError as RunnerCapacityError
 from .state import RunnerState as RunnerState
 from .state import decode_state as decode_state
 from .state import encode_state as encode_state
-from .values import ProxyAuthority
+from .units import UNIT_HANDLERS, forget_start
+from .values import DIGEST_RE, ID_RE, ProxyAuthority, Resources, safe_digest, safe_id, safe_path, safe_target, shown
 
 STATES = ("accepting", "draining", "parked", "reclaiming")
 LEASE_STATUSES = ("active", "settled", "parked")
@@ -68,6 +70,8 @@ HOOK_DOMAIN = "chainlesschain.execution-location.post-session-hook.v1\x00"
 
 
 _replace = msgspec.structs.replace
+_ID_MATCH = ID_RE.fullmatch
+_DIGEST_MATCH = DIGEST_RE.fullmatch
 
 
 def hook_receipt_material(*, runner_id: str, runner_generation: int, lease_id: str, lease_generation: int,
@@ -103,32 +107,62 @@ def check_min_revision(proxy: ProxyAuthority, minimum: int) -> None:
         )
 
 
-def start(event: Event, at: str) -> RunnerDraft:
-    """The draft of a runner that `event` (its first) creates: a RunnerInitialized, or LifecycleError."""
+def start(event: Event, at: str, stream: str | None = None) -> RunnerDraft:
+    """The draft of a runner that `event` (its first) creates: a RunnerInitialized, or LifecycleError.
+
+    Every field is held to what `RunnerLifecycle` accepts (InvalidInputError naming it otherwise), and
+    the runner id to `stream` when it is given: a runner is recorded in its own stream.
+    """
     if not isinstance(event, RunnerInitialized):
         raise LifecycleError(f"runner is not initialized: its first event is {type(event).__name__}")
     if event.schema != RUNNER_SCHEMA:
         raise LifecycleError(f"runner lifecycle state schema is invalid: {event.schema!r}")
+    _check_at(None, parse_iso_ms(at), at)
+    safe_id(event.runner_id, "runner_id")
+    if stream is not None and event.runner_id != stream:
+        raise LifecycleError(f"runner {event.runner_id} is initialized in the stream of another ({stream})")
+    safe_target(event.target)
+    safe_path(event.base_dir, "base_dir", "runner baseDir")
+    if type(event.resources) is not Resources:
+        raise InvalidInputError("resources", f"resources must be Resources, got {type(event.resources).__name__}")
+    safe_digest(event.post_session_hook_digest, "post_session_hook_digest")
     return new_draft(
         schema=event.schema, runner_id=event.runner_id, target=event.target, state="accepting", generation=1,
         policy_revision=1, base_dir=event.base_dir, resources=event.resources,
         proxy_authority=ProxyRef(id="unbound", revision=0),
         post_session_hook_digest=event.post_session_hook_digest, drain=None, updated_at=at, pending_park=None,
+        last_at=at, units_starting=(),
     )
+
+
+def _check_at(last_at: str | None, at_ms: int, at: str) -> None:
+    """LifecycleError unless `at` is a canonical timestamp (`at_ms` parsed from it) no earlier than `last_at`.
+
+    Canonical timestamps of one shape sort as the times they name, so the order is a string comparison.
+    """
+    if not 0 <= at_ms <= MAX_EPOCH_MS or iso_ms(at_ms) != at:
+        raise LifecycleError(f"event time {shown(at)} is not a canonical timestamp (UTC, milliseconds, Z)")
+    if last_at is not None and at < last_at:
+        raise LifecycleError(f"time ran backwards: stamped {at}, before the stream's previous event at {last_at}")
 
 
 def step(draft: RunnerDraft, event: Event, at_ms: int, at: str) -> None:
     """Fold `event` into `draft` in place, checking every rule first: a refused event changes nothing.
 
     Raises the seed's error kinds (StaleFenceError, AuthorityError, InvalidInputError, LifecycleError)
-    when the event breaks a rule for this state.
+    when the event breaks a rule for this state, a field lies outside what its command accepts, or it
+    is stamped before the stream's previous event.
     """
+    if at != draft.last_at:
+        # Events of one command share their stamp: only a new one needs a look.
+        _check_at(draft.last_at, at_ms, at)
     if draft.pending_park is not None and not isinstance(event, RunnerParked):
         raise LifecycleError(f"runner must park ({draft.pending_park}) before {type(event).__name__}")
     handler = _HANDLERS.get(type(event))
     if handler is None:
         raise LifecycleError(f"{type(event).__name__} does not apply to an initialized runner")
     handler(draft, event, at_ms, at)
+    draft.last_at = at
 
 
 def apply(state: RunnerState | None, event: Event, at_ms: int, at: str) -> RunnerState:
@@ -172,6 +206,12 @@ def _lease_acquired(draft: RunnerDraft, event: LeaseAcquired, at_ms: int, at: st
     if proxy.revision < draft.proxy_authority.revision:
         raise AuthorityError(f"execution location proxy authority revision rolled back (proxy_authority.revision "
                              f"{proxy.revision} < {draft.proxy_authority.revision})")
+    # safe_id's test, its call spared when the value passes (the checks run for every event replayed).
+    if type(event.lease_id) is not str or _ID_MATCH(event.lease_id) is None:
+        safe_id(event.lease_id, "lease_id")
+    if type(event.session_id) is not str or _ID_MATCH(event.session_id) is None:
+        safe_id(event.session_id, "session_id")
+    _canonical(event.expires_at, "expires_at")
     ttl = parse_iso_ms(event.expires_at) - at_ms
     if event.issued_at != at or not MIN_TTL_MS <= ttl <= MAX_TTL_MS:
         raise InvalidInputError("ttl_ms", f"lease ttlMs is invalid: {ttl} is outside {MIN_TTL_MS}..{MAX_TTL_MS}")
@@ -205,6 +245,7 @@ def _proxy_rotated(draft: RunnerDraft, event: ProxyRotated, at_ms: int, at: str)
 def _drain_requested(draft: RunnerDraft, event: DrainRequested, at_ms: int, at: str) -> None:
     if event.signal != "SIGTERM":
         raise InvalidInputError("signal", f"runner drain requires SIGTERM, got {event.signal!r}")
+    _canonical(event.deadline_at, "deadline_at")
     timeout = parse_iso_ms(event.deadline_at) - at_ms
     if event.requested_at != at or not MIN_DRAIN_MS <= timeout <= MAX_DRAIN_MS:
         raise InvalidInputError("timeout_ms", f"drain timeoutMs is invalid: {timeout} is outside "
@@ -228,20 +269,28 @@ def _active_lease(draft: RunnerDraft, lease_id: str, lease_generation: int, mess
 
 
 def _lease_settled(draft: RunnerDraft, event: LeaseSettled, at_ms: int, at: str) -> None:
+    if type(event.result_digest) is not str or _DIGEST_MATCH(event.result_digest) is None:
+        safe_digest(event.result_digest, "result_digest")
     lease = _active_lease(draft, event.lease_id, event.lease_generation,
                           "execution location result lease fence is stale")
+    if draft.units_starting:
+        forget_start(draft, lease.id)
     draft.replace_lease(lease, _replace(lease, status="settled", result_digest=event.result_digest))
     draft.updated_at = at
     draft.pending_park = "drain-settled" if draft.state == "draining" and draft.active_count() == 0 else None
 
 
 def _lease_parked(draft: RunnerDraft, event: LeaseParked, at_ms: int, at: str) -> None:
+    if type(event.result_digest) is not str or _DIGEST_MATCH(event.result_digest) is None:
+        safe_digest(event.result_digest, "result_digest")
     if event.reason not in PARK_REASONS:
         raise InvalidInputError("reason", f"execution location park reason is invalid: {event.reason!r}")
     if draft.state not in ("accepting", "draining"):
         raise StaleFenceError(f"execution location park lease fence is stale (runner {draft.state})")
     lease = _active_lease(draft, event.lease_id, event.lease_generation,
                           "execution location park lease fence is stale")
+    if draft.units_starting:
+        forget_start(draft, lease.id)
     draft.replace_lease(lease, _replace(lease, status="parked", result_digest=event.result_digest))
     draft.updated_at = at
     draft.pending_park = "lease-parked" if draft.active_count() == 0 else None
@@ -256,6 +305,7 @@ def _drain_expired(draft: RunnerDraft, event: DrainExpired, at_ms: int, at: str)
     if tuple(event.lease_ids) != draft.active_ids():
         raise LifecycleError("the leases parked by an expired drain are not the runner's active leases")
     draft.park_active()
+    draft.units_starting = ()  # each was of a lease that was active
     draft.updated_at = at
     draft.pending_park = "drain-expired"
 
@@ -316,16 +366,10 @@ def _hook_authorized(draft: RunnerDraft, event: HookAuthorized, at_ms: int, at: 
     draft.updated_at = at
 
 
-def _unit_starting(draft: RunnerDraft, event: UnitStarting, at_ms: int, at: str) -> None:
-    lease = draft.lease(event.lease_id)
-    if lease is None or lease.status != "active" or lease.generation != event.lease_generation:
-        raise StaleFenceError(f"a unit may only start for an active lease (lease_id {event.lease_id})")
-
-
-def _unit_fact(draft: RunnerDraft, event: Event, at_ms: int, at: str) -> None:
-    # A unit's outcome may be recorded after its lease ended (a unit outliving a settle is stopped
-    # and recorded as such); only the intent to start one needs the lease active.
-    return None
+def _canonical(value: str, field: str) -> None:
+    """InvalidInputError unless `value` is a timestamp in the one spelling the commands write."""
+    if timestamp(value, field) != value:
+        raise InvalidInputError(field, f"{field} is invalid: {shown(value)} is not canonical (UTC, milliseconds, Z)")
 
 
 _HANDLERS: dict[type[Event], Callable[[RunnerDraft, Any, int, str], None]] = {
@@ -340,7 +384,5 @@ _HANDLERS: dict[type[Event], Callable[[RunnerDraft, Any, int, str], None]] = {
     ReclaimBegun: _reclaim_begun,
     ReclaimCompleted: _reclaim_completed,
     HookAuthorized: _hook_authorized,
-    UnitStarting: _unit_starting,
+    **UNIT_HANDLERS,
 }
-for _unit_event in UNIT_EVENTS:
-    _HANDLERS.setdefault(_unit_event, _unit_fact)

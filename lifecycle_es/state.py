@@ -46,11 +46,24 @@ class Drain(msgspec.Struct, frozen=True, kw_only=True):
     deadline_at: str
 
 
+class UnitIntent(msgspec.Struct, frozen=True, kw_only=True):
+    """A unit start a host announced (``UnitStarting``) and has not yet recorded as started or ended."""
+
+    lease_id: str
+    mode: str
+    run_dir: str
+    unit: str | None = None
+
+
 class RunnerState(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     """A runner's whole state, as the seed's JSON file held it, rebuilt from its events.
 
     ``pending_park`` is set between a fact that leaves no active lease and the RunnerParked that
     must follow it in the same transaction; a replay that finds anything else there is illegal.
+    ``last_at`` is when the stream's last event was stamped (unit facts included, which leave
+    ``updated_at`` alone; None in a state stored before it was kept: then ``updated_at``), so no event
+    may be stamped before it. ``units_starting`` holds the unit starts announced and not yet followed
+    by their outcome, one per lease at most, each of an active lease.
     Besides its fields a state may carry a `_LeaseIndex` in its ``__dict__`` (``dict=True``): derived
     from ``leases``, never encoded, compared or hashed, it spares the rules a scan of every retained
     lease per event.
@@ -70,6 +83,8 @@ class RunnerState(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     leases: tuple[Lease, ...]
     updated_at: str
     pending_park: str | None = None
+    last_at: str | None = None
+    units_starting: tuple[UnitIntent, ...] = ()
 
     def lease(self, lease_id: str) -> Lease | None:
         """The retained lease with this id, if any."""

@@ -7,6 +7,7 @@ the field and the value (cut short when long); booleans and floats are never int
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -20,6 +21,7 @@ ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,255}")
 DIGEST_RE = re.compile(r"sha256:[a-f0-9]{64}")
 TARGETS = ("local", "wsl", "ssh", "container")
 MAX_SAFE_INTEGER = 2**53 - 1
+MAX_PATH_CHARS = 4096
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 
@@ -51,6 +53,30 @@ def safe_int(value: object, field: str, minimum: int = 0, maximum: int = MAX_SAF
         raise InvalidInputError(field, f"{field} is invalid: {shown(value)} is not an integer")
     if not minimum <= value <= maximum:
         raise InvalidInputError(field, f"{field} is invalid: {value} is outside {minimum}..{maximum}")
+    return value
+
+
+def safe_path(value: object, field: str, what: str | None = None) -> str:
+    """An absolute, normalized path (1..4096 characters, no NUL, text UTF-8 can hold), or InvalidInputError.
+
+    Normalized as ``os.path.abspath`` leaves a path: no ``.`` or ``..`` part, no doubled or trailing
+    slash. `what` names the value in the message (default: the field).
+    """
+    what = what or field
+    if type(value) is not str:
+        raise InvalidInputError(field, f"{what} is invalid: {type(value).__name__} is not a path")
+    if not 1 <= len(value) <= MAX_PATH_CHARS or "\0" in value:
+        raise InvalidInputError(field, f"{what} is invalid: empty, longer than {MAX_PATH_CHARS} characters, "
+                                       "or holds NUL")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            # A lone surrogate (an undecodable byte smuggled through surrogateescape) has no UTF-8 form.
+            raise InvalidInputError(field, f"{what} is invalid: {shown(value)} is not valid text "
+                                           "(a lone surrogate)") from None
+    if value[0] != "/" or os.path.normpath(value) != value:
+        raise InvalidInputError(field, f"{what} is invalid: {shown(value)} is not an absolute, normalized path")
     return value
 
 

@@ -10,10 +10,12 @@ import io
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import apsw
 import pytest
+from forging import forge
 from test_cli_logs import (
     CLI,
     DIGEST,
@@ -30,12 +32,28 @@ from test_cli_logs import (
     run,
 )
 
-from lifecycle_es import EventStore, ProxyAuthority
+from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
+from lifecycle_es.canonical import iso_ms
 from lifecycle_es.cli.render import PROGRESS_MIN_TOTAL, Progress
-from lifecycle_es.events import DrainRequested, LeaseAcquired, LeaseSettled
+from lifecycle_es.events import (
+    RUNNER_SCHEMA,
+    DrainRequested,
+    Event,
+    LeaseAcquired,
+    LeaseParked,
+    LeaseSettled,
+    RunnerInitialized,
+    UnitExited,
+    UnitRecord,
+    UnitStarted,
+    UnitStarting,
+)
 from lifecycle_es.replay import TAG_BYTES
+from lifecycle_es.testing import START_MS, FakeClock, SequentialIds
 
 FleetLog = tuple[Path, dict[str, int]]
+# Events to forge, from the base dir and the time (epoch ms) they are stamped at.
+Forged = Callable[[str, int], list[Event]]
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +145,105 @@ def test_a_stream_left_with_a_park_pending_is_an_integrity_failure(fleet_log: Fl
     assert code == 65
     assert (report["first_bad_seq"], report["stream"]) == (last[0].seq, "runner-1")
     assert "park pending" in report["reason"]
+
+
+# --- logs the commands could not have written (issue 10, items 4 and 10) -------------------------------------
+
+LEASE = "lease-000001"
+YEAR = 365 * 24 * 3_600_000
+
+
+@pytest.fixture(scope="module")
+def leased_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One runner holding one active lease (``lease-000001``) whose unit's start its host announced."""
+    directory = tmp_path_factory.mktemp("leased")
+    base = directory / "base"
+    base.mkdir()
+    clock = FakeClock()
+    with EventStore.open(directory / "leased.db", now=clock) as store:
+        lifecycle = RunnerLifecycle(store, runner_id="runner-1", target="local", base_dir=base,
+                                    resources=Resources(cpu_seconds=600, memory_bytes=1 << 30),
+                                    post_session_hook_digest=DIGEST, now=clock, random_id=SequentialIds())
+        lifecycle.initialize()
+        clock.advance(1000)
+        lease = lifecycle.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=ProxyAuthority(
+            id="proxy-1", revision=1, issued_at=iso_ms(clock()), expires_at=iso_ms(clock() + 3_600_000))).lease
+        assert lease.id == LEASE
+        lifecycle.record_host_facts([UnitStarting(lease_id=LEASE, lease_generation=1, mode="child",
+                                                  run_dir=f"{base}/{LEASE}", command=("/bin/true",))])
+    return directory / "leased.db", str(base)
+
+
+def _initialized(**changes: str) -> tuple[str, Forged]:
+    fields = {"schema": RUNNER_SCHEMA, "runner_id": "runner-x", "target": "local", "base_dir": "/srv/runner-x",
+              "resources": Resources(cpu_seconds=600, memory_bytes=1 << 30), "post_session_hook_digest": DIGEST}
+    return "runner-x", lambda base, at: [RunnerInitialized(**{**fields, **changes})]
+
+
+def _offset_spelling(at_ms: int) -> str:
+    """The instant `at_ms` spelled with ``+00:00`` for ``Z``: the same time, a spelling no command writes."""
+    return iso_ms(at_ms)[:-1] + "+00:00"
+
+
+def _acquired(lease_id: str = "lease-forged", session_id: str = "s-forged", spelled: bool = False,
+              ) -> tuple[str, Forged]:
+    def make(base: str, at: int) -> list[Event]:
+        proxy = ProxyAuthority(id="proxy-1", revision=1, issued_at=iso_ms(at), expires_at=iso_ms(at + 600_000))
+        expires = _offset_spelling(at + 60_000) if spelled else iso_ms(at + 60_000)
+        return [LeaseAcquired(lease_id=lease_id, session_id=session_id, lease_generation=1, issued_at=iso_ms(at),
+                              expires_at=expires, proxy_authority=proxy)]
+    return "runner-1", make
+
+
+FORGED_LOGS = [
+    pytest.param(*_initialized(target="mars"), 0, "target", id="initialized-target-mars"),
+    pytest.param(*_initialized(base_dir="srv/runner-x"), 0, "baseDir", id="initialized-relative-base-dir"),
+    pytest.param(*_initialized(base_dir="/srv/x/../../etc"), 0, "baseDir", id="initialized-base-dir-not-normalized"),
+    pytest.param(*_initialized(post_session_hook_digest="garbage"), 0, "post_session_hook_digest",
+                 id="initialized-hook-digest-garbage"),
+    pytest.param(*_acquired(lease_id="../../../etc"), 0, "lease_id", id="acquired-lease-id-a-path"),
+    pytest.param(*_acquired(session_id="s\n\0"), 0, "session_id", id="acquired-session-id-newline-nul"),
+    # 1 MB: beyond the id pattern and the body size bound alike; either way a failure at its seq.
+    pytest.param(*_acquired(lease_id="l" * 1_000_000), 0, None, id="acquired-lease-id-1mb"),
+    pytest.param(*_acquired(spelled=True), 0, "expires_at", id="acquired-expiry-spelled-otherwise"),
+    pytest.param("runner-1", lambda base, at: [DrainRequested(signal="SIGTERM", requested_at=iso_ms(at),
+                                                              deadline_at=_offset_spelling(at + 1000), generation=2)],
+                 0, "deadline_at", id="drain-deadline-spelled-otherwise"),
+    pytest.param("runner-1", lambda base, at: [LeaseSettled(lease_id=LEASE, lease_generation=1,
+                                                            result_digest="not-a-digest")], 0, "result_digest",
+                 id="settled-not-a-digest"),
+    pytest.param("runner-1", lambda base, at: [LeaseParked(lease_id=LEASE, lease_generation=1, result_digest="",
+                                                           reason="lost-poll")], 0, "result_digest",
+                 id="parked-empty-digest"),
+    pytest.param("runner-1", lambda base, at: [UnitStarted(
+        lease_id="lease-never", lease_generation=1, handle=UnitRecord(
+            mode="child", host="h", boot_id="b", run_dir="/srv/lease-never", pid=1, start_ticks=1))], 0, "lease-never",
+                 id="unit-started-for-no-lease"),
+    pytest.param("runner-1", lambda base, at: [UnitExited(lease_id=LEASE, code=-5, signal=None, outcome="banana")], 0,
+                 "code", id="unit-exited-banana"),
+    pytest.param("runner-1", lambda base, at: [UnitStarting(lease_id=LEASE, lease_generation=1, mode="evil",
+                                                            run_dir="/etc/passwd")], 0, "mode",
+                 id="unit-starting-evil-outside"),
+    pytest.param("runner-1", lambda base, at: [UnitStarting(lease_id=LEASE, lease_generation=1, mode="child",
+                                                            run_dir=f"{base}/../../etc/{LEASE}")], 0, "run_dir",
+                 id="unit-starting-run-dir-climbing-out"),
+    pytest.param("runner-1", lambda base, at: [LeaseSettled(lease_id=LEASE, lease_generation=1, result_digest=DIGEST)],
+                 -YEAR, "time ran backwards", id="settled-a-year-before-its-lease"),
+]
+
+
+@pytest.mark.parametrize(("stream", "events", "shift", "word"), FORGED_LOGS)
+def test_a_log_the_commands_could_not_have_written_fails(leased_log: tuple[Path, str], tmp_path: Path, stream: str,
+                                                         events: Forged, shift: int, word: str | None) -> None:
+    source, base = leased_log
+    path = copy_store(source, tmp_path / "forged.db", seal=False)
+    at = START_MS + 1000 + shift  # the head's time (the lease's grant and its unit's start), shifted
+    seqs = forge(path, stream, events(base, at), iso_ms(at))
+    code, report = audit_json(path)
+    assert code == 65 and not report["ok"]
+    assert (report["first_bad_seq"], report["stream"]) == (seqs[0], stream)
+    if word is not None:
+        assert word in report["reason"], report["reason"]
 
 
 def test_a_log_that_fell_behind_its_seal_fails(fleet_log: FleetLog, tmp_path: Path) -> None:

@@ -204,9 +204,10 @@ def forge_started(lifecycle: RunnerLifecycle, receipt: LeaseReceipt, run_dir: st
     handle = UnitRecord(mode="child", host=socket.gethostname(), boot_id=current_boot_id(), run_dir=run_dir,
                         pid=pid, start_ticks=ticks)
     lease_id, generation = receipt.lease.id, receipt.lease.generation
-    lifecycle.record([UnitStarting(lease_id=lease_id, lease_generation=generation, mode="child", run_dir=run_dir,
-                                   command=("sleep", "60")),
-                      UnitStarted(lease_id=lease_id, lease_generation=generation, handle=handle)])
+    lifecycle.record_host_facts([
+        UnitStarting(lease_id=lease_id, lease_generation=generation, mode="child", run_dir=run_dir,
+                     command=("sleep", "60")),
+        UnitStarted(lease_id=lease_id, lease_generation=generation, handle=handle)])
     return handle
 
 
@@ -258,7 +259,7 @@ def test_a_forged_intent_outside_the_run_root_is_never_adopted(runner, clock, by
     # What the wrapper of a unit writes, planted where the forged intent points.
     (elsewhere / "unit.pid").write_text(json.dumps({"pid": proc.pid, "start_ticks": ticks, "boot_id": current_boot_id(),
                                                     "host": socket.gethostname(), "argv": ["sleep", "60"]}))
-    lifecycle.record([UnitStarting(lease_id=receipt.lease.id, lease_generation=1, mode="child",
+    lifecycle.record_host_facts([UnitStarting(lease_id=receipt.lease.id, lease_generation=1, mode="child",
                                    run_dir=str(elsewhere), command=("sleep", "60"))])
     host = LocalHost(lifecycle, mode="child", stop_timeout_ms=1000)
     host.reconcile()
@@ -275,7 +276,7 @@ def test_a_forged_wake_never_runs_the_command_the_log_names(runner, clock, tmp_p
     store, lifecycle = runner
     receipt = lease(lifecycle, clock, "s1")
     planted = tmp_path / "ran"
-    lifecycle.record([
+    lifecycle.record_host_facts([
         UnitStarting(lease_id=receipt.lease.id, lease_generation=1, mode="child",
                      run_dir=str(Path(lifecycle.base_dir) / receipt.lease.id),
                      command=(sys.executable, "-c", f"open({str(planted)!r}, 'w')")),
@@ -297,7 +298,7 @@ def test_a_forged_command_for_a_running_unit_stops_it_and_is_never_woken(runner,
     handle = host.start(receipt, command=[sys.executable, "-c", GOOD], token="tok")
     kept = host.start(other, command=[sys.executable, "-c", GOOD], token="tok")
     # The same handle, under an intent naming another command: what a wake would start.
-    lifecycle.record([UnitStarting(lease_id=receipt.lease.id, lease_generation=1, mode="child",
+    lifecycle.record_host_facts([UnitStarting(lease_id=receipt.lease.id, lease_generation=1, mode="child",
                                    run_dir=handle.run_dir, command=("/bin/sh", "-c", "exit 0")),
                       UnitStarted(lease_id=receipt.lease.id, lease_generation=1, handle=handle)])
     host.reconcile()

@@ -264,12 +264,12 @@ CRASHING_HOST = textwrap.dedent("""
                                 resources=Resources(cpu_seconds=30, memory_bytes=1 << 30),
                                 post_session_hook_digest="sha256:" + "a" * 64, now=lambda: int(now))
     host = LocalHost(lifecycle, mode="child")
-    record = lifecycle.record
+    record = lifecycle.record_host_facts
     def dying_record(events):
         if isinstance(events[0], UnitStarted):
             os.kill(os.getpid(), signal.SIGKILL)  # the host dies between the side effect and its outcome
         return record(events)
-    lifecycle.record = dying_record
+    lifecycle.record_host_facts = dying_record
     receipt = msgspec.json.decode(receipt_json.encode(), type=LeaseReceipt)
     host.start(receipt, command=[sys.executable, "-c", %r], token="tok")
 """) % POLITE

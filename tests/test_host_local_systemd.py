@@ -135,7 +135,7 @@ def test_a_forged_systemd_unit_is_never_stopped_or_adopted(runner, systemd_manag
         forged.append(UnitStarted(lease_id=lease_id, lease_generation=1, handle=UnitRecord(
             mode="systemd", host=host.driver.host_name, boot_id=host.driver.boot_id, run_dir=run_dir,
             unit=bystander_unit)))
-    lifecycle.record(forged)
+    lifecycle.record_host_facts(forged)
     if path == "lease-ended":
         lifecycle.settle_lease(lease_id=lease_id, lease_generation=1, result_digest="sha256:" + "b" * 64)
     elif path == "drain":

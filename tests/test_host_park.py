@@ -270,10 +270,14 @@ def test_record_wake_appends_the_wake_under_the_rules(tmp_path) -> None:
                                     resources=Resources(cpu_seconds=1, memory_bytes=64 << 20),
                                     post_session_hook_digest="sha256:" + "a" * 64, now=lambda: 1_767_225_600_000)
         lifecycle.initialize()
-        record_wake(lifecycle, "lease-1", 1_767_225_700_000)
+        # A wake is a unit fact: recorded only for a lease the runner holds.
+        proxy = {"id": "proxy-1", "revision": 1, "issued_at": "2026-01-01T00:00:00.000Z",
+                 "expires_at": "2026-01-01T01:00:00.000Z"}
+        lease_id = lifecycle.acquire_lease(session_id="s", expected_generation=1, proxy_authority=proxy).lease.id
+        record_wake(lifecycle, lease_id, 1_767_225_700_000)
         last = list(store.read())[-1]
         assert (last.type, last.event.wake_at) == ("UnitWakeRecorded", 1_767_225_700_000)
         head = store.head()
         with pytest.raises(InvalidInputError):
-            record_wake(lifecycle, "lease-1", -5)
+            record_wake(lifecycle, lease_id, -5)
         assert store.head() == head

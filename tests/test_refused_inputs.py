@@ -7,6 +7,9 @@ newline, a Unicode look-alike or 257 characters. The call must raise `InvalidInp
 also a ValueError) whose ``field`` names that argument (dotted for a nested one), and the store file
 and its WAL must be byte-identical afterwards: a refused input never reaches the log.
 
+The rules hold a recorded event to the very same checks (issue 10, item 4): a value a command refuses,
+written into the log with a valid chain, fails the replay at its seq with the command's own message.
+
 Bounded: a fixed number of examples per entry point, so the module runs well under a minute.
 """
 
@@ -24,18 +27,41 @@ from typing import Any
 
 import msgspec
 import pytest
+from forging import forge
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import projections
 from lifecycle_es import (
     EventStore,
+    IntegrityError,
     InvalidInputError,
     LeaseReceipt,
+    LifecycleError,
     ProxyAuthority,
     Resources,
     RunnerLifecycle,
     assert_lease_authority,
     lifecycle_profile_from_lease,
+)
+from lifecycle_es.canonical import receipt_digest
+from lifecycle_es.events import (
+    RUNNER_SCHEMA,
+    DrainExpired,
+    DrainRequested,
+    Event,
+    HookAuthorized,
+    LeaseAcquired,
+    LeaseParked,
+    LeaseSettled,
+    RunnerInitialized,
+    UnitExited,
+    UnitRecord,
+    UnitSignalled,
+    UnitStarted,
+    UnitStarting,
+    UnitStopped,
+    UnitWakeRecorded,
 )
 
 T0 = 1_700_000_000_000
@@ -188,6 +214,8 @@ BASE_DIRS = plain(st.one_of(
     NOT_STRINGS.filter(lambda value: not isinstance(value, bytes | str)), st.binary(min_size=1, max_size=8),
     st.none(), st.just(""), st.text(max_size=10).map(lambda text: "/base\0" + text),
     st.integers(4097, 4200).map(lambda n: "/" + "b" * n), st.just(BytesPath()),
+    # A lone surrogate (an undecodable byte smuggled in by surrogateescape) has no UTF-8 form.
+    st.sampled_from(["/base/\udc80", "relative/\ud800/dir"]),
 ))
 
 
@@ -206,7 +234,8 @@ class FakeClock:
 
 @dataclass
 class Rig:
-    """A store with one accepting runner holding one active lease, shared by every example of the module."""
+    """A store with one accepting runner holding one active lease, whose unit's start its host announced;
+    shared by every example of the module."""
 
     path: str
     store: EventStore
@@ -248,7 +277,13 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         lifecycle.initialize()
         proxy = ProxyAuthority(id="proxy-1", revision=1, issued_at=iso(T0), expires_at=iso(T0 + 600_000))
         receipt = lifecycle.acquire_lease(session_id="session-1", expected_generation=1, proxy_authority=proxy)
+        lifecycle.record_host_facts([announced_start(receipt.lease.id, str(base_dir))])
         yield Rig(path, store, lifecycle, receipt, str(base_dir), clock)
+
+
+def announced_start(lease_id: str, base_dir: str) -> UnitStarting:
+    return UnitStarting(lease_id=lease_id, lease_generation=1, mode="child", run_dir=f"{base_dir}/{lease_id}",
+                        command=("/bin/true",))
 
 
 def check_refused(rig: Rig, data: st.DataObject, call: Callable[..., object], valid: dict[str, object],
@@ -543,3 +578,254 @@ def test_the_rig_accepts_its_valid_arguments(rig: Rig) -> None:
     EventStore.open(rig.path, key=None, durability="full", busy_timeout_ms=5_000, now=None, vfs=None, seal=None,
                     read_only=False).close()
     assert Resources(cpu_seconds=600, memory_bytes=GIB).cpu_seconds == 600
+    # The host facts' valid values, the announced start made again after its UnitStarted took it.
+    facts = {name: built(fact, fields) for name, (fact, fields, _) in host_facts(rig).items()}
+    rig.lifecycle.record_host_facts([facts["UnitStarted"], announced_start(lease.id, rig.base_dir),
+                                     facts["UnitSignalled"], facts["UnitWakeRecorded"]])
+    assert rig.lifecycle.state().units_starting[0].lease_id == lease.id
+
+
+# --- host facts -----------------------------------------------------------------------------------------
+
+HOST_LABELS = st.one_of(st.just(""), st.just("h" * 256),
+                        st.sampled_from(["host 1", "host\n", "h\0", "h\u00e9", "\u202e"]), NOT_STRINGS, st.none())
+NOT_NONE = st.one_of(st.text(max_size=8), NOT_STRINGS)
+BAD_COMMANDS = st.one_of(
+    st.text(max_size=8), st.none(), st.integers(), st.binary(max_size=4),
+    st.sampled_from([("a",) * 257, ("a" * 8193,), ("/bin/sh", "a\0b"), ("/bin/sh", 1), ("/bin/sh", b"x"), ("",),
+                     ("/bin/sh", "\udc80")]),
+)
+
+
+def members_not_of(*allowed: str) -> st.SearchStrategy[object]:
+    near = [variant for word in allowed for variant in (word.upper(), word + "\n", " " + word, word[:-1])]
+    return st.one_of(st.sampled_from([*near, "", "evil"]), NOT_STRINGS, st.none(), st.text(max_size=8).filter(
+        lambda text: text not in allowed))
+
+
+def host_facts(rig: Rig) -> dict[str, tuple[type[Event], dict[str, object], dict[str, Callable[[str], Bad]]]]:
+    """Each kind of unit fact: its valid fields for the rig's lease (``handle.x`` for the handle's), and
+    the bad values of each field."""
+    lease_id = rig.receipt.lease.id
+    run_dir = f"{rig.base_dir}/{lease_id}"
+    run_dirs = plain(st.one_of(
+        st.sampled_from([f"relative/{lease_id}", f"{run_dir}/.", f"{rig.base_dir}/x/../{lease_id}", f"{rig.base_dir}/x",
+                         f"{rig.base_dir}//{lease_id}", f"/\0/{lease_id}", f"/\udc80/{lease_id}", "", "/"]),
+        st.integers(4097, 4200).map(lambda n: "/" + "d" * n + "/" + lease_id), NOT_STRINGS, st.none()))
+    return {
+        "UnitStarting": (UnitStarting, {"lease_id": lease_id, "lease_generation": 1, "mode": "child",
+                                        "run_dir": run_dir, "unit": None, "command": ("/bin/true",)},
+                         {"lease_id": IDS, "lease_generation": GENERATIONS, "mode": plain(members_not_of("child")),
+                          "run_dir": run_dirs, "unit": plain(NOT_NONE), "command": plain(BAD_COMMANDS)}),
+        "UnitStarted": (UnitStarted, {"lease_id": lease_id, "lease_generation": 1, "handle.mode": "child",
+                                      "handle.host": "host-1", "handle.boot_id": "boot-1", "handle.run_dir": run_dir,
+                                      "handle.pid": 4242, "handle.start_ticks": 7, "handle.unit": None},
+                        {"lease_id": IDS, "lease_generation": GENERATIONS,
+                         "handle.mode": plain(st.one_of(st.just("systemd"), members_not_of("child"))),
+                         "handle.run_dir": run_dirs, "handle.host": plain(HOST_LABELS),
+                         "handle.boot_id": plain(HOST_LABELS), "handle.pid": plain(bad_ints(2, 4_194_304)),
+                         "handle.start_ticks": plain(bad_ints(0)), "handle.unit": plain(NOT_NONE)}),
+        "UnitSignalled": (UnitSignalled, {"lease_id": lease_id, "signal": "SIGTERM", "reason": "drain"},
+                          {"lease_id": IDS, "signal": plain(members_not_of("SIGTERM", "SIGKILL")),
+                           "reason": plain(members_not_of("drain", "drain-deadline"))}),
+        "UnitExited": (UnitExited, {"lease_id": lease_id, "code": 0, "signal": None, "outcome": "settled"},
+                       {"lease_id": IDS, "code": plain(bad_ints(0, 255).filter(lambda code: code is not None)),
+                        "signal": plain(st.one_of(st.sampled_from(["KILL", "sigkill", "SIG", "SIG" + "A" * 17,
+                                                                   "SIGKILL\n", ""]), NOT_STRINGS)),
+                        "outcome": plain(members_not_of("settled", "lost-poll", "resource-limit",
+                                                        "checkout-failure"))}),
+        "UnitStopped": (UnitStopped, {"lease_id": lease_id, "reason": "stopped"},
+                        {"lease_id": IDS, "reason": plain(st.one_of(members_not_of("stopped", "lease-ended"),
+                                                                    st.just("x" * 100_000)))}),
+        "UnitWakeRecorded": (UnitWakeRecorded, {"lease_id": lease_id, "wake_at": T0},
+                             {"lease_id": IDS, "wake_at": plain(bad_ints(0, MAX_EPOCH_MS))}),
+    }
+
+
+def built(fact: type[Event], fields: dict[str, Any]) -> Event:
+    """A fact from its fields, those named ``handle.x`` making its handle."""
+    handle = {name.removeprefix("handle."): value for name, value in fields.items() if name.startswith("handle.")}
+    rest = {name: value for name, value in fields.items() if not name.startswith("handle.")}
+    return fact(**rest, **({"handle": UnitRecord(**handle)} if handle else {}))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_record_host_facts_refuses_bad_input(rig: Rig, data: st.DataObject) -> None:
+    kind = data.draw(st.sampled_from(sorted(host_facts(rig))), label="fact")
+    fact, valid, bad = host_facts(rig)[kind]
+
+    def record(**fields: Any) -> None:
+        rig.lifecycle.record_host_facts([built(fact, fields)])
+
+    check_refused(rig, data, record, valid, bad)
+
+
+# --- one validation: the replay holds a recorded event to its command's checks ----------------------------
+
+DIGEST = "sha256:" + "d" * 64
+
+
+@dataclass
+class Leased:
+    """A fresh store whose runner holds one active lease and announced its unit's start."""
+
+    store: EventStore
+    lifecycle: RunnerLifecycle
+    lease_id: str
+    base_dir: str
+    at_ms: int
+
+
+@pytest.fixture
+def leased(tmp_path: Path) -> Iterator[Leased]:
+    clock = FakeClock()
+    base_dir = tmp_path / "base"
+    base_dir.mkdir()
+    with EventStore.open(str(tmp_path / "one.db"), now=clock) as store:
+        lifecycle = RunnerLifecycle(store, runner_id="runner-1", target="local", base_dir=str(base_dir),
+                                    resources=RESOURCES_OK, post_session_hook_digest=HOOK, now=clock)
+        lifecycle.initialize()
+        proxy = ProxyAuthority(id="proxy-1", revision=1, issued_at=iso(T0), expires_at=iso(T0 + 600_000))
+        lease_id = lifecycle.acquire_lease(session_id="session-1", expected_generation=1,
+                                           proxy_authority=proxy).lease.id
+        lifecycle.record_host_facts([announced_start(lease_id, str(base_dir))])
+        yield Leased(store, lifecycle, lease_id, str(base_dir), T0)
+
+
+def _runner(target: str = "local", hook: str = HOOK) -> Callable[[Leased], object]:
+    return lambda env: RunnerLifecycle(env.store, runner_id="runner-2", target=target, base_dir=env.base_dir,
+                                       resources=RESOURCES_OK, post_session_hook_digest=hook)
+
+
+def _initialized(target: str = "local", hook: str = HOOK) -> Callable[[Leased], tuple[str, list[Event]]]:
+    return lambda env: ("runner-2", [RunnerInitialized(schema=RUNNER_SCHEMA, runner_id="runner-2", target=target,
+                                                       base_dir=env.base_dir, resources=RESOURCES_OK,
+                                                       post_session_hook_digest=hook)])
+
+
+def _on_runner(make: Callable[[Leased], Event]) -> Callable[[Leased], tuple[str, list[Event]]]:
+    return lambda env: ("runner-1", [make(env)])
+
+
+def _fact(make: Callable[[Leased], Event]) -> Callable[[Leased], object]:
+    return lambda env: env.lifecycle.record_host_facts([make(env)])
+
+
+ONE_VALIDATION = [
+    pytest.param(_runner(target="mars"), _initialized(target="mars"), "target", id="target-mars"),
+    pytest.param(_runner(hook="garbage"), _initialized(hook="garbage"), "post_session_hook_digest",
+                 id="hook-digest-garbage"),
+    pytest.param(
+        lambda env: env.lifecycle.acquire_lease(session_id="session\n\0", expected_generation=1, proxy_authority={
+            "id": "proxy-1", "revision": 1, "issued_at": iso(env.at_ms), "expires_at": iso(env.at_ms + 600_000)}),
+        _on_runner(lambda env: LeaseAcquired(
+            lease_id="lease-forged", session_id="session\n\0", lease_generation=1, issued_at=iso(env.at_ms),
+            expires_at=iso(env.at_ms + 60_000), proxy_authority=ProxyAuthority(
+                id="proxy-1", revision=1, issued_at=iso(env.at_ms), expires_at=iso(env.at_ms + 600_000)))),
+        "session_id", id="session-id-newline-nul"),
+    pytest.param(lambda env: env.lifecycle.settle_lease(lease_id=env.lease_id, lease_generation=1,
+                                                        result_digest="not-a-digest"),
+                 _on_runner(lambda env: LeaseSettled(lease_id=env.lease_id, lease_generation=1,
+                                                     result_digest="not-a-digest")),
+                 "result_digest", id="settled-not-a-digest"),
+    pytest.param(lambda env: env.lifecycle.park_lease(lease_id=env.lease_id, lease_generation=1, result_digest="",
+                                                      reason="lost-poll"),
+                 _on_runner(lambda env: LeaseParked(lease_id=env.lease_id, lease_generation=1, result_digest="",
+                                                    reason="lost-poll")),
+                 "result_digest", id="parked-empty-digest"),
+    pytest.param(lambda env: env.lifecycle.request_drain(expected_generation=1, signal="SIGKILL"),
+                 _on_runner(lambda env: DrainRequested(signal="SIGKILL", requested_at=iso(env.at_ms),
+                                                       deadline_at=iso(env.at_ms + 1_000), generation=2)),
+                 "signal", id="drain-sigkill"),
+    pytest.param(_fact(lambda env: UnitExited(lease_id=env.lease_id, code=-5, signal=None, outcome="settled")),
+                 _on_runner(lambda env: UnitExited(lease_id=env.lease_id, code=-5, signal=None, outcome="settled")),
+                 "code", id="exit-code-negative"),
+    pytest.param(_fact(lambda env: UnitExited(lease_id=env.lease_id, code=0, signal=None, outcome="banana")),
+                 _on_runner(lambda env: UnitExited(lease_id=env.lease_id, code=0, signal=None, outcome="banana")),
+                 "outcome", id="exit-outcome-banana"),
+    pytest.param(_fact(lambda env: msgspec.structs.replace(announced_start(env.lease_id, env.base_dir), mode="evil")),
+                 _on_runner(lambda env: msgspec.structs.replace(announced_start(env.lease_id, env.base_dir),
+                                                                mode="evil")),
+                 "mode", id="unit-mode-evil"),
+    pytest.param(_fact(lambda env: UnitStarted(lease_id=env.lease_id, lease_generation=1, handle=UnitRecord(
+        mode="child", host="h", boot_id="b", run_dir=f"{env.base_dir}/{env.lease_id}", pid=1, start_ticks=1))),
+                 _on_runner(lambda env: UnitStarted(lease_id=env.lease_id, lease_generation=1, handle=UnitRecord(
+                     mode="child", host="h", boot_id="b", run_dir=f"{env.base_dir}/{env.lease_id}", pid=1,
+                     start_ticks=1))),
+                 "handle.pid", id="unit-pid-1"),
+]
+
+
+@pytest.mark.parametrize(("command", "forged", "field"), ONE_VALIDATION)
+def test_a_recorded_event_is_held_to_its_commands_checks(
+        leased: Leased, command: Callable[[Leased], object], forged: Callable[[Leased], tuple[str, list[Event]]],
+        field: str) -> None:
+    head = leased.store.head()
+    with pytest.raises(InvalidInputError) as refused:
+        command(leased)
+    assert refused.value.field == field and leased.store.head() == head
+    stream, events = forged(leased)
+    leased.store.close()
+    (seq,) = forge(leased.store.path, stream, events, iso(leased.at_ms))
+    with EventStore.open(leased.store.path, read_only=True) as store, pytest.raises(IntegrityError) as replayed:
+        projections.replay(store)
+    assert (replayed.value.seq, replayed.value.stream) == (seq, stream)
+    # The command's own words: the replay refused the value with the same check.
+    assert str(refused.value) in replayed.value.reason
+
+
+@pytest.mark.parametrize("base_dir", ["srv/runner", "/srv/../etc/runner", "/srv/runner/", "//srv//runner"])
+def test_a_recorded_base_dir_must_be_one_the_commands_resolve_to(leased: Leased, base_dir: str) -> None:
+    # A command resolves whatever it is given (os.path.abspath); a recorded one must be resolved already.
+    leased.store.close()
+    (seq,) = forge(leased.store.path, "runner-2", [RunnerInitialized(
+        schema=RUNNER_SCHEMA, runner_id="runner-2", target="local", base_dir=base_dir, resources=RESOURCES_OK,
+        post_session_hook_digest=HOOK)], iso(leased.at_ms))
+    with EventStore.open(leased.store.path, read_only=True) as store, pytest.raises(IntegrityError) as replayed:
+        projections.replay(store)
+    assert replayed.value.seq == seq and "runner baseDir is invalid" in replayed.value.reason
+
+
+def _hook(env: Leased, hook: str = "garbage") -> list[Event]:
+    from lifecycle_es.runner import HOOK_DOMAIN, hook_receipt_material
+
+    material = hook_receipt_material(runner_id="runner-1", runner_generation=3, lease_id=env.lease_id,
+                                     lease_generation=1, result_digest=DIGEST, hook_digest=hook)
+    return [HookAuthorized(lease_id=env.lease_id, lease_generation=1, runner_generation=3, result_digest=DIGEST,
+                           hook_digest=hook, receipt_digest=receipt_digest(HOOK_DOMAIN, material))]
+
+
+@pytest.mark.parametrize(("prepare", "forged", "words"), [
+    # Settled, then a drain with nothing active parks the runner at once (generation 3): a hook may be
+    # authorized, but only for the runner's recorded hook digest, whatever receipt the event carries.
+    pytest.param(lambda env: (env.lifecycle.settle_lease(lease_id=env.lease_id, lease_generation=1,
+                                                         result_digest=DIGEST),
+                              env.lifecycle.request_drain(expected_generation=1)),
+                 _hook, "post-session hook fence is stale", id="hook-digest-not-the-runners"),
+    # Draining past its deadline: the leases an expired drain parks are exactly the active ones.
+    pytest.param(lambda env: env.lifecycle.request_drain(expected_generation=1, timeout_ms=1),
+                 lambda env: [DrainExpired(lease_ids=("../../etc",),
+                                           deadline_at=env.lifecycle.state().drain.deadline_at)],  # type: ignore[union-attr]
+                 "not the runner's active leases", id="drain-expired-lease-ids"),
+])
+def test_fields_a_rule_compares_with_the_state_are_bound_by_it(
+        leased: Leased, prepare: Callable[[Leased], object], forged: Callable[[Leased], list[Event]],
+        words: str) -> None:
+    prepare(leased)
+    events = forged(leased)
+    leased.store.close()
+    (seq,) = forge(leased.store.path, "runner-1", events, iso(leased.at_ms + 1_000))
+    with EventStore.open(leased.store.path, read_only=True) as store, pytest.raises(IntegrityError) as replayed:
+        projections.replay(store)
+    assert replayed.value.seq == seq and words in replayed.value.reason
+
+
+def test_a_runner_is_recorded_in_its_own_stream(leased: Leased) -> None:
+    from lifecycle_es.runner import start
+
+    event = RunnerInitialized(schema=RUNNER_SCHEMA, runner_id="runner-1", target="local", base_dir=leased.base_dir,
+                              resources=RESOURCES_OK, post_session_hook_digest=HOOK)
+    assert start(event, iso(T0), "runner-1").runner_id == "runner-1"
+    with pytest.raises(LifecycleError, match="stream of another"):
+        start(event, iso(T0), "runner-2")

@@ -185,4 +185,6 @@ class _ModelState:
             drain=Drain(signal=drain["signal"], requested_at=drain["requestedAt"],
                         deadline_at=drain["deadlineAt"]) if drain else None,
             leases=tuple(_lease_struct(lease) for lease in doc["leases"]), updated_at=doc["updatedAt"],
+            # Every event the model appends is a lifecycle event, which sets updatedAt to its stamp.
+            last_at=doc["updatedAt"],
         )
