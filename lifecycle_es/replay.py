@@ -208,7 +208,7 @@ class Fold:
             at_ms = parse_iso_ms(at)
             draft = self._draft
             if draft is None:
-                self._draft = start(event, at)
+                self._draft = start(event, at, stream)
             else:
                 if self.steps == _KEY_AFTER and not is_keyed(draft):
                     self._draft = draft = thaw(draft.freeze(), keyed=True)
