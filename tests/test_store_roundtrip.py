@@ -80,6 +80,9 @@ class StoreModel(RuleBasedStateMachine):
     def version(self, stream: str) -> int:
         return max((row[2] for row in self.rows if row[1] == stream), default=0)
 
+    def head_at(self) -> str:
+        return self.rows[-1][4] if self.rows else ""
+
     def record(self, stream: str, events: list[Event], at: str, recorded: list[Any]) -> None:
         version = self.version(stream)
         for offset, event in enumerate(events):
@@ -93,7 +96,8 @@ class StoreModel(RuleBasedStateMachine):
         assert self.store is not None
         self.clock.advance(step_ms)
         recorded = self.store.append(stream, events, expected_version=self.version(stream))
-        self.record(stream, events, iso_ms(self.clock.now()), recorded)
+        # Stamped by the clock, never before the head (an explicit at may have put it past the clock).
+        self.record(stream, events, max(iso_ms(self.clock.now()), self.head_at()), recorded)
 
     @rule(stream=STREAMS, events=st.lists(EVENTS, min_size=1, max_size=3), ms=st.integers(0, MAX_EPOCH_MS),
           spelling=st.sampled_from(["canonical", "offset", "datetime"]))
@@ -102,6 +106,12 @@ class StoreModel(RuleBasedStateMachine):
         # Every spelling of one instant is stored as the one canonical string (it is hashed as stored).
         at: Any = {"canonical": iso_ms(ms), "offset": iso_ms(ms)[:-1] + "+00:00",
                    "datetime": EPOCH + timedelta(milliseconds=ms)}[spelling]
+        if iso_ms(ms) < self.head_at():
+            # Time never runs backwards: an at before the head's is refused, and nothing is appended.
+            with pytest.raises(InvalidInputError, match=self.head_at()) as info:
+                self.store.append(stream, events, at=at)
+            assert info.value.field == "at"
+            return
         recorded = self.store.append(stream, events, at=at)  # no expected_version: appends whatever the version
         self.record(stream, events, iso_ms(ms), recorded)
 

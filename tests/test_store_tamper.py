@@ -1,8 +1,10 @@
 """Tampering with the log: every edit an attacker with the file can make is caught, by the chain or the seal.
 
 The attacker opens the file with plain apsw, drops the append-only triggers first (they are in the file,
-so whoever can write the file can drop them), and edits rows. `verify` must then raise IntegrityError
-naming the first bad seq; what the chain cannot see (a shorter log, an older copy) the seal must.
+so whoever can write the file can drop them), edits rows, and puts the triggers back as they were (a
+schema left altered makes a writer refuse the file and the audit fail: see test_store_schema.py).
+`verify` must then raise IntegrityError naming the first bad seq; what the chain cannot see (a shorter
+log, an older copy) the seal must.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from lifecycle_es import (
     chain,
 )
 from lifecycle_es.events import Event, LeaseSettled, ReclaimCompleted, RunnerParked, encode, type_of
+from lifecycle_es.sqlite import MIGRATIONS
 
+TRIGGERS = [statement for statement in MIGRATIONS[1] if statement.startswith("CREATE TRIGGER")]
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
 COLUMNS = ("seq", "stream", "version", "type", "at", "body", "prev", "hash")
@@ -83,7 +87,7 @@ def copy_of(source: Path, directory: Path) -> Path:
 
 
 def attack(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
-    """Edit the file as an attacker would: a plain connection, triggers dropped first."""
+    """Edit the file as an attacker would: a plain connection, triggers dropped first and put back after."""
     conn = apsw.Connection(str(path))
     try:
         conn.execute("DROP TRIGGER IF EXISTS events_no_update")
@@ -91,6 +95,8 @@ def attack(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
         for sql, params in statements:
             conn.execute(sql, params)
     finally:
+        for statement in TRIGGERS:
+            conn.execute(statement)
         conn.close()
 
 
@@ -125,7 +131,7 @@ def one_byte_changed(value: int | str | bytes, position: int, xor: int) -> int |
 def test_untouched_copy_verifies(base: tuple[Path, bytes | None], tmp_path: Path) -> None:
     path, key = base
     copy = copy_of(path, tmp_path)
-    attack(copy)  # dropping the triggers alone changes no event
+    attack(copy)  # dropping the triggers and putting them back changes no event
     with EventStore.open(copy, key=key) as store:
         assert store.verify().events == EVENTS
 
