@@ -297,6 +297,30 @@ def test_forged_chain_with_a_gap_fails_verify_on_the_rules(tmp_path: Path, field
     assert failure.seq == at and field in failure.reason
 
 
+@pytest.mark.parametrize(("at", "reason"), [
+    ("2025-01-01T00:00:00.000Z", "time ran backwards"),  # a year before the event before it
+    # The same instant as 2025-12-29, spelled so that it sorts after every 2026 time: not the store's form.
+    ("2026-W01-1T00:00:00.000Z", "not a time as the store writes one"),
+    ("2026-01-01T05:00:00.000+05:00", "not a time as the store writes one"),
+])
+def test_forged_chain_whose_time_runs_backwards_fails_verify(tmp_path: Path, at: str, reason: str) -> None:
+    path = tmp_path / "events.db"
+    build(path, None)
+    os.unlink(f"{path}.seal")
+    rows = [list(row) for row in rows_of(path)]
+    seq = 7
+    rows[seq - 1][4] = at
+    with EventStore.open(path) as store:
+        prev = chain.genesis(store.store_id)
+    for row in rows:  # every link valid: an unkeyed chain re-linked by the forger
+        row[6] = prev
+        row[7] = prev = chain.link(prev, row[0], row[1], row[2], row[3], row[4], row[5])
+    attack(path, ("DELETE FROM events", ()),
+           *(("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", tuple(row)) for row in rows))
+    failure = verify_fails_at(path, None)
+    assert failure.seq == seq and reason in failure.reason, failure
+
+
 # --- the seal: what the chain alone cannot see ---------------------------------------------------------
 
 
