@@ -218,8 +218,9 @@ def check_path(path: str) -> bool:
 
 
 _INSERT = f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-# What an insert left in the file: every row after the head it chained onto (one seek, then its rows).
-_LANDED = "SELECT seq, hash FROM events WHERE seq > ? ORDER BY seq"
+# What an insert left in the file: the head's seq and hash (one seek), and how many rows lie after the head
+# the insert chained onto (a count over the rows just written, no column read).
+_LANDED = "SELECT seq, hash, (SELECT count(*) FROM events WHERE seq > ?) FROM events ORDER BY seq DESC LIMIT 1"
 _STREAM_VERSION = "SELECT version FROM events WHERE stream = ? ORDER BY version DESC LIMIT 1"
 # No row when the log is empty; otherwise the head's seq, hash and at, and the stream's version (NULL
 # when the stream has no events yet).
@@ -640,10 +641,11 @@ class SqliteBackend:
     def insert(self, rows: Sequence[Row]) -> None:
         """Insert event rows (inside a write transaction), then check that the file holds them.
 
-        SQLite reports an insert done when a trigger (``RAISE(IGNORE)``) made it skip the row: the rows
-        after the head they chain onto are read back (one index seek) and must be these, seq for seq and
-        hash for hash, or StoreFormatError: the write is not acknowledged, the transaction is rolled
-        back, and no head that is not in the file is kept for the next append.
+        SQLite reports an insert done when a trigger (``RAISE(IGNORE)``) made it skip the row. So the head
+        is read back and must be the last row written, seq and hash, with as many rows after the head the
+        insert chained onto as it wrote (seqs are unique integers: that many in that range is every one of
+        them), or StoreFormatError: the write is not acknowledged, the transaction is rolled back, and no
+        head that is not in the file is kept for the next append.
         """
         self._inserted = None
         if not rows:
@@ -651,12 +653,13 @@ class SqliteBackend:
         conn = self.conn
         conn.executemany(_INSERT, rows)
         seq, stream, version, _, at, _, _, digest = rows[-1]
-        landed = conn.execute(_LANDED, (rows[0][0] - 1,)).fetchall()
-        if len(landed) != len(rows) or landed[-1] != (seq, digest) or (
-                len(rows) > 1 and landed != [(row[0], row[7]) for row in rows]):
+        first = rows[0][0]
+        landed = conn.execute(_LANDED, (first - 1,)).fetchall()
+        if not landed or landed[0] != (seq, digest, len(rows)):
+            found = landed[0][2] if landed else 0
             raise StoreFormatError(
-                f"{self.path!r} did not keep the write: {len(rows)} event(s) inserted at seq {rows[0][0]}..{seq}, "
-                f"{len(landed)} found there; the store's schema was altered (a trigger?), so nothing was appended: "
+                f"{self.path!r} did not keep the write: {len(rows)} event(s) inserted at seq {first}..{seq}, "
+                f"{found} found there; the store's schema was altered (a trigger?), so nothing was appended: "
                 "audit the file (lifecycle-es audit)")
         self._inserted = (conn.total_changes(), seq, digest, stream, version, at)
 
