@@ -606,7 +606,8 @@ def schema_edits(draw: st.DrawFn) -> list[str]:
             )))
             statements += [f"DROP TRIGGER IF EXISTS {original.split()[2]}", redefined]
         elif kind == "meta-key":
-            key = draw(st.text(min_size=1, max_size=12).filter(lambda text: text not in ("store_id", "key_id")))
+            key = draw(st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"), min_size=1,
+                               max_size=12).filter(lambda text: text not in ("store_id", "key_id")))
             statements.append(f"INSERT OR IGNORE INTO meta (key, value) VALUES ({_quoted(key)}, x'00')")
         elif kind == "index":
             table = draw(st.sampled_from(("events", "meta", "snapshots")))

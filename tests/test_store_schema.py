@@ -131,6 +131,16 @@ def test_the_audit_names_every_difference(fleet: Path, tmp_path: Path) -> None:
     assert len(schema) == 3 and all(problem["seq"] is None for problem in schema), schema
 
 
+def test_many_schema_differences_leave_room_for_the_logs_own_problems(fleet: Path, tmp_path: Path) -> None:
+    copy = copy_store(fleet, tmp_path / "altered.db", seal=False)
+    edit(copy, *(f"CREATE INDEX extra_{n} ON meta (value)" for n in range(150)), "DROP TRIGGER events_no_update",
+         "UPDATE events SET body = x'00' WHERE seq = 5")
+    code, report = audit_json(copy)
+    assert code == 65 and report["first_bad_seq"] == 5, report
+    schema = [problem["reason"] for problem in report["problems"] if "schema was altered" in problem["reason"]]
+    assert len(schema) == 11 and "in 141 more ways" in schema[-1], schema
+
+
 # --- a write the file did not keep -------------------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from .render import Progress
 from .walk import Problem, Streams, Walked, walk
 
 MAX_PROBLEMS = 100
+MAX_SCHEMA_PROBLEMS = 10
 
 
 @dataclass
@@ -97,8 +98,13 @@ def audit(store: EventStore, *, key: bytes | None, jobs: int, seal_path: str | N
     """Audit the open `store` (read-only is enough); `jobs` > 1 walks the log in that many worker processes."""
     report = AuditReport(path=store.path, keyed=store.keyed)
     with store.backend.read_tx("audit"):
-        for problem in store.schema_problems():
+        schema = store.schema_problems()
+        # A few name it; the rest are counted, so that a file with thousands leaves room for the log's own.
+        for problem in schema[:MAX_SCHEMA_PROBLEMS]:
             report.add(None, None, f"the store's schema was altered outside lifecycle-es: {problem}")
+        if len(schema) > MAX_SCHEMA_PROBLEMS:
+            report.add(None, None, f"the store's schema was altered outside lifecycle-es in "
+                                   f"{len(schema) - MAX_SCHEMA_PROBLEMS} more ways")
         head = store.head()
         report.head_seq = head.seq
         report.head_hash = head.hash.hex() if head.seq else None
