@@ -319,7 +319,7 @@ class EventStore:
         bodies = encode_all(events)  # refuses what is not an event, or holds a float, before anything else
         for _, body in bodies:
             if len(body) > MAX_EVENT_BYTES:
-                _refuse_size(bodies)
+                raise _too_large(bodies)
         if expected_version is not None:
             safe_int(expected_version, "expected_version")
         if self.key_id is not None and self._key is None:
@@ -554,11 +554,11 @@ def _not_before(at: str, seq: int, head_at: object, *, stamped: bool) -> str:
     return head_at
 
 
-def _refuse_size(bodies: Sequence[tuple[str, bytes]]) -> None:
-    for index, (type_, body) in enumerate(bodies):
-        if len(body) > MAX_EVENT_BYTES:
-            raise InvalidInputError("events", f"event {index} ({type_}) is {len(body):,} bytes encoded, beyond the "
-                                              f"bound of {MAX_EVENT_BYTES:,} bytes an event may hold (MAX_EVENT_BYTES)")
+def _too_large(bodies: Sequence[tuple[str, bytes]]) -> InvalidInputError:
+    """The InvalidInputError naming the first event of `bodies` beyond MAX_EVENT_BYTES, and its size."""
+    index, (type_, body) = next((index, pair) for index, pair in enumerate(bodies) if len(pair[1]) > MAX_EVENT_BYTES)
+    return InvalidInputError("events", f"event {index} ({type_}) is {len(body):,} bytes encoded, beyond the bound of "
+                                       f"{MAX_EVENT_BYTES:,} bytes an event may hold (MAX_EVENT_BYTES)")
 
 
 class _WriteTransaction:
