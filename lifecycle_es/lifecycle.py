@@ -209,7 +209,7 @@ class RunnerLifecycle:
         Read under the write lock, so no event can land before this one with a later stamp.
         """
         now_ms = self._clock()
-        head_at = tx.store.head().at
+        head_at = tx.head_at()  # answered from the tail `_catch_up` just read: no second query
         if head_at:
             now_ms = max(now_ms, parse_iso_ms(head_at))
         if state is not None:

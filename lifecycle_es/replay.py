@@ -26,7 +26,7 @@ from .draft import RunnerDraft, is_keyed, thaw
 from .errors import IntegrityError, LifecycleError, StoreError, StoreKeyError
 from .events import Event, decode, type_of
 from .runner import RunnerState, apply, decode_state, encode_state, start, step
-from .store import PAGE, EventStore, RecordedEvent
+from .store import EventStore, RecordedEvent
 
 
 class Folded(NamedTuple):
@@ -145,23 +145,14 @@ def load(store: EventStore, stream: str, *, base: Folded | None = None, use_snap
 
 def _stream_rows(store: EventStore, stream: str, after_version: int) -> Iterator[Row]:
     """`store.read_stream` as backend rows: a replay keeps no event, so it makes no RecordedEvent either."""
-    while True:
-        rows = store.backend.stream_rows(stream, after_version=after_version, limit=PAGE)
+    for rows in store.backend.stream_pages(stream, after_version=after_version):
         yield from rows
-        if len(rows) < PAGE:
-            return
-        after_version = rows[-1][2]
 
 
 def _log_rows(store: EventStore) -> Iterator[Row]:
     """`store.read()` as backend rows (see `_stream_rows`)."""
-    after = 0
-    while True:
-        rows = store.backend.rows(after=after, stream=None, limit=PAGE)
+    for rows in store.backend.pages(after=0, stream=None):
         yield from rows
-        if len(rows) < PAGE:
-            return
-        after = rows[-1][0]
 
 
 class Fold:

@@ -1,9 +1,11 @@
-"""The SQLite backend: the one module that speaks apsw.
+"""The SQLite backend: the one module that speaks apsw (with ``sqlite_schema.py``, its schema).
 
-Everything SQLite-specific lives here behind `Backend` (see ``backend.py``): the schema and its
-migration ladder, the pragma profile (each setting a small named function, set and read back), the
-write transaction that always begins IMMEDIATE, and the translation of apsw errors into StoreError
-kinds, most specific first. A PostgreSQL backend implements the same interface.
+Everything SQLite-specific lives here behind `Backend` (see ``backend.py``): the pragma profile (each
+setting a small named function, set and read back), the write transaction that always begins
+IMMEDIATE, reads paged by rows and bytes, inserts read back before they are acknowledged, and the
+translation of apsw errors into StoreError kinds, most specific first. The schema, its migration
+ladder and the checks that a file holds it exactly are in ``sqlite_schema.py``. A PostgreSQL backend
+implements the same interface.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import apsw
 
+from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS
 from .errors import (
     IntegrityError,
     StoreBusyError,
@@ -27,58 +30,25 @@ from .errors import (
     StoreIOError,
     StorePragmaError,
 )
+from .sqlite_schema import (
+    APPLICATION_ID,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    check_format,
+    check_tables,
+    migrate,
+    schema_problems,
+)
 
-APPLICATION_ID = 0x4C434553  # "LCES"
-SCHEMA_VERSION = 2
 DURABILITY = {"full": 2, "normal": 1}
 # A failed fsync leaves a commit's outcome unknown (its frames may be on the disk): never retried.
 SYNC_FAILURES = frozenset({apsw.SQLITE_IOERR_FSYNC, apsw.SQLITE_IOERR_DIR_FSYNC})
 
 Row = tuple[int, str, int, str, str, bytes, bytes, bytes]
+# What an append reads under the lock: (stream version, head seq, head hash, head at).
+Tail = tuple[int, int, bytes | None, str | None]
 ROW_COLUMNS = "seq, stream, version, type, at, body, prev, hash"
 TEXT_COLUMNS = ("stream", "type", "at")
-
-# The migration ladder: MIGRATIONS[n] takes a store at user_version n-1 to n, in one transaction.
-MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL) STRICT",
-        "CREATE TABLE events ("
-        " seq INTEGER PRIMARY KEY,"
-        " stream TEXT NOT NULL,"
-        " version INTEGER NOT NULL,"
-        " type TEXT NOT NULL,"
-        " at TEXT NOT NULL,"
-        " body BLOB NOT NULL,"
-        " prev BLOB NOT NULL,"
-        " hash BLOB NOT NULL,"
-        " UNIQUE (stream, version)) STRICT",
-        "CREATE TRIGGER events_no_update BEFORE UPDATE ON events"
-        " BEGIN SELECT RAISE(ABORT, 'events are append-only'); END",
-        "CREATE TRIGGER events_no_delete BEFORE DELETE ON events"
-        " BEGIN SELECT RAISE(ABORT, 'events are append-only'); END",
-    ),
-    2: (
-        "CREATE TABLE snapshots ("
-        " stream TEXT PRIMARY KEY,"
-        " version INTEGER NOT NULL,"
-        " seq INTEGER NOT NULL,"
-        " state BLOB NOT NULL,"
-        " event_hash BLOB NOT NULL) STRICT",
-    ),
-}
-
-# (name, declared type, not null, primary key) of every column of the store's own tables, as MIGRATIONS
-# creates them (a STRICT table's TEXT primary key is NOT NULL; an INTEGER PRIMARY KEY is the rowid).
-STORE_TABLES: dict[str, tuple[tuple[str, str, bool, bool], ...]] = {
-    "meta": (("key", "TEXT", True, True), ("value", "BLOB", True, False)),
-    "events": (("seq", "INTEGER", False, True), ("stream", "TEXT", True, False), ("version", "INTEGER", True, False),
-               ("type", "TEXT", True, False), ("at", "TEXT", True, False), ("body", "BLOB", True, False),
-               ("prev", "BLOB", True, False), ("hash", "BLOB", True, False)),
-    "snapshots": (("stream", "TEXT", True, True), ("version", "INTEGER", True, False),
-                  ("seq", "INTEGER", True, False), ("state", "BLOB", True, False),
-                  ("event_hash", "BLOB", True, False)),
-}
-
 
 def translation(action: str, exc: apsw.Error) -> StoreError:
     """The StoreError kind of an apsw error, most specific first (the only place that maps them)."""
@@ -141,11 +111,18 @@ def check_path(path: str) -> bool:
 
 
 _INSERT = f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+# What an insert left in the file: the head's seq and hash (one seek), and how many rows lie after the head
+# the insert chained onto (a count over the rows just written, no column read).
+_LANDED = "SELECT seq, hash, (SELECT count(*) FROM events WHERE seq > ?) FROM events ORDER BY seq DESC LIMIT 1"
 _STREAM_VERSION = "SELECT version FROM events WHERE stream = ? ORDER BY version DESC LIMIT 1"
-# No row when the log is empty; otherwise the head's seq and hash, and the stream's version (NULL when
-# the stream has no events yet).
-_TAIL = ("SELECT (SELECT version FROM events WHERE stream = ?1 ORDER BY version DESC LIMIT 1), seq, hash"
+# No row when the log is empty; otherwise the head's seq, hash and at, and the stream's version (NULL
+# when the stream has no events yet).
+_TAIL = ("SELECT (SELECT version FROM events WHERE stream = ?1 ORDER BY version DESC LIMIT 1), seq, hash, at"
          " FROM events ORDER BY seq DESC LIMIT 1")
+_HEAD_AT = "SELECT at FROM events ORDER BY seq DESC LIMIT 1"
+# A row as reads page it: a body beyond the bound comes back NULL, so it is never loaded (SQLite reads a
+# blob's length from its header, not its pages).
+_PAGE_COLUMNS = f"seq, stream, version, type, at, iif(length(body) > {MAX_EVENT_BYTES}, NULL, body), prev, hash"
 
 
 # --- the pragma profile: each setting a small named function, read back after it is set -------------
@@ -237,13 +214,13 @@ class SqliteBackend:
         self.immutable = False
         # Whether a write transaction of ours is open, and the tail read inside it (see `tail`).
         self._writing = False
-        self._tail: tuple[str, int, tuple[int, int, bytes | None]] | None = None
+        self._tail: tuple[str, int, Tail] | None = None
         # total_changes when the open write transaction began; what its last insert left (changes after
-        # it, seq, hash, stream, version); and, once committed, the same under the data version after
-        # the commit (see `tail`).
+        # it, seq, hash, stream, version, at); and, once committed, the same under the data version after
+        # the commit (see `tail`). Only rows the file was seen to hold are ever kept here.
         self._begun = 0
-        self._inserted: tuple[int, int, bytes, str, int] | None = None
-        self._committed: tuple[int, int, bytes, str, int] | None = None
+        self._inserted: tuple[int, int, bytes, str, int, str] | None = None
+        self._committed: tuple[int, int, bytes, str, int, str] | None = None
         exists = check_path(path)
         if not exists:
             if read_only:
@@ -256,17 +233,19 @@ class SqliteBackend:
                 # The busy timeout goes first: reading the header must wait, like every later statement,
                 # while another process holds the file (converting it to WAL, or checkpointing as it closes).
                 set_busy_timeout(self.conn, busy_timeout_ms)
-                self._check_format()
+                check_format(self.conn, path)
                 if read_only:
                     apply_read_profile(self.conn, busy_timeout_ms=busy_timeout_ms, immutable=self.immutable)
                     if _pragma(self.conn, "user_version") != SCHEMA_VERSION:
                         raise StoreFormatError(f"{path!r} needs a schema migration: open it read-write once")
                 else:
                     apply_profile(self.conn, durability=durability, busy_timeout_ms=busy_timeout_ms)
-                    self._migrate()
+                    migrate(self.conn)
                 _expect(self.conn, "application_id", APPLICATION_ID)
                 _expect(self.conn, "user_version", SCHEMA_VERSION)
-                self._check_schema()
+                check_tables(self.conn, path)
+                if not read_only:
+                    self._refuse_altered_schema()
         except StoreIOError as exc:
             self.conn.close()
             if not read_only and read_only_fs(path):
@@ -280,18 +259,20 @@ class SqliteBackend:
         self.identity = self.file_identity()
 
     def _connect(self, path: str, vfs: str | None, read_only: bool) -> apsw.Connection:
-        """Open the connection; a read-only store is still opened read-write where the file allows it.
+        """Open the connection: read-write, or for a `read_only` store SQLITE_OPEN_READONLY.
 
-        SQLite cannot open a WAL file with SQLITE_OPEN_READONLY unless its -shm already exists, and
-        the last writer to close removes it: a read-only open of a closed store would fail. So a
-        `read_only` store opens read-write (SQLite may create -shm and -wal; the store itself refuses
-        every write) and falls back to SQLITE_OPEN_READONLY only where the file cannot be written.
+        A read-only connection leaves every byte of the file and of its -wal as it found them, even
+        when the -wal still holds commits (an evidence copy taken while a writer had the store open): it
+        cannot write either, so it neither checkpoints the -wal into the file nor truncates it on close.
+        It still needs the -shm, the -wal's index (which holds no data: SQLite rebuilds it from the
+        -wal): where it is missing SQLite creates it, and an empty -wal beside a file that had none, and
+        leaves both behind (removing them could pull them from under a writer that opened meanwhile).
+        Where neither can be created (read-only media) a -wal must already have its -shm.
         """
-        if not read_only or (os.access(path, os.W_OK) and not read_only_fs(path)):
+        if not read_only:
             flags = apsw.SQLITE_OPEN_NOFOLLOW | apsw.SQLITE_OPEN_READWRITE
             return apsw.Connection(path, flags=flags, vfs=vfs)
-        if os.path.exists(path + "-wal"):
-            # SQLite reads a WAL file read-only when its -wal and -shm exist (it cannot make them here).
+        if (os.access(path, os.W_OK) and not read_only_fs(path)) or os.path.exists(path + "-wal"):
             return apsw.Connection(path, flags=apsw.SQLITE_OPEN_NOFOLLOW | apsw.SQLITE_OPEN_READONLY, vfs=vfs)
         # No -wal: every commit is in the main file, and nothing can write to it here, so the file is
         # exactly what immutable=1 assumes (no locks, no -shm needed).
@@ -359,58 +340,19 @@ class SqliteBackend:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
 
-    def _check_format(self) -> None:
-        app_id = _pragma(self.conn, "application_id")
-        if app_id != APPLICATION_ID:
-            raise StoreFormatError(
-                f"{self.path!r} is not a lifecycle-es store (application_id {app_id:#x}, expected {APPLICATION_ID:#x})"
-            )
-        version = _pragma(self.conn, "user_version")
-        if version > SCHEMA_VERSION:
-            raise StoreFormatError(
-                f"{self.path!r} has schema version {version}, newer than this library's {SCHEMA_VERSION}; upgrade"
-            )
-        if version < 1:
-            raise StoreFormatError(f"{self.path!r} has no lifecycle-es schema (user_version {version})")
+    def schema_problems(self) -> list[str]:
+        """How the file's schema differs from the store's (see `sqlite_schema.schema_deviations`); empty when exact."""
+        with translated("check the store's schema"):
+            return schema_problems(self.conn)
 
-    def _check_schema(self) -> None:
-        """A file with our application_id and version but without our tables is not a store either.
-
-        Each table must be STRICT with exactly the columns `STORE_TABLES` lists: STRICT is what makes the
-        values read back the types the code expects, so a file whose tables were rewritten without it (to
-        hold a text body or an integer stream) fails here, not as a TypeError deep in a verify or replay.
-        (A value smuggled in under a schema rewritten and put back, or read from a damaged page, has no
-        such check here; `chain.link` and the event decoder name its row.)
-        """
-        names = {row[0] for row in self.conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
-        missing = sorted(set(STORE_TABLES) - names)
-        if missing:
-            raise StoreFormatError(f"{self.path!r} is not a lifecycle-es store: its tables {missing} are missing")
-        for table, wanted in STORE_TABLES.items():
-            (strict,), = self.conn.execute(
-                "SELECT strict FROM pragma_table_list WHERE schema = 'main' AND name = ?", (table,)).fetchall()
-            info = self.conn.execute('SELECT name, type, "notnull", pk FROM pragma_table_info(?)', (table,))
-            columns = tuple((name, str(declared).upper(), bool(notnull), bool(pk))
-                            for name, declared, notnull, pk in info)
-            if strict != 1 or columns != wanted:
-                raise StoreFormatError(f"{self.path!r} has a {table!r} table that is not the store's (not STRICT, "
-                                       "or its columns or types differ): not a lifecycle-es store")
-
-    def _migrate(self) -> None:
-        """Step user_version up the ladder inside one IMMEDIATE transaction."""
-        if _pragma(self.conn, "user_version") == SCHEMA_VERSION:
-            return
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            current = _pragma(self.conn, "user_version")
-            for version in range(current + 1, SCHEMA_VERSION + 1):
-                for statement in MIGRATIONS[version]:
-                    self.conn.execute(statement)
-                self.conn.execute(f"PRAGMA user_version={version}")
-            self.conn.execute("COMMIT")
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
+    def _refuse_altered_schema(self) -> None:
+        """A writer refuses a file whose schema is not the store's: a trigger could drop its writes."""
+        problems = self.schema_problems()
+        if problems:
+            raise StoreFormatError(f"{self.path!r} was altered outside lifecycle-es, so it is not opened for "
+                                   f"writing: {'; '.join(problems[:5])}"
+                                   + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
+                                   + "; audit it (lifecycle-es audit) and restore the store from a good copy")
 
     def file_identity(self) -> tuple[int, int]:
         """(device, inode) of the store file, to notice a file replaced underneath the connection."""
@@ -476,6 +418,18 @@ class SqliteBackend:
         rows = self._select("read head", "seq, hash, at", "ORDER BY seq DESC LIMIT 1")
         return rows[0] if rows else (0, None, None)
 
+    def head_at(self) -> str | None:
+        """The head's at (None for an empty log): the earliest an event appended now may be stamped.
+
+        Inside a write transaction, answered from what `tail` keeps when it can (no query).
+        """
+        kept = self._tail
+        if kept is not None and kept[1] == self.conn.total_changes():
+            return kept[2][3]
+        with translated("read the head's time"):
+            rows = self.conn.execute(_HEAD_AT).fetchall()
+        return rows[0][0] if rows else None
+
     def stream_version(self, stream: str) -> int:
         """The last version of a stream (0 when it has none). An index lookup."""
         # ORDER BY ... LIMIT 1 seeks the (stream, version) index; max(version) with a WHERE scans every
@@ -484,8 +438,8 @@ class SqliteBackend:
             rows = self.conn.execute(_STREAM_VERSION, (stream,)).fetchall()
         return rows[0][0] if rows else 0
 
-    def tail(self, stream: str) -> tuple[int, int, bytes | None]:
-        """(stream version, head seq, head hash) in one statement: what an append reads under the lock.
+    def tail(self, stream: str) -> Tail:
+        """(stream version, head seq, head hash, head at) in one statement: what an append reads under the lock.
 
         Inside a write transaction the answer is kept until anything is written: a command reads the
         tail to decide and then appends, and the append reads it again from here, not from the file.
@@ -507,45 +461,132 @@ class SqliteBackend:
         committed = self._committed
         if (committed is not None and self._writing and committed[3] == stream and changes == self._begun
                 and conn.data_version() == committed[0]):
-            found: tuple[int, int, bytes | None] = (committed[4], committed[1], committed[2])
+            found: Tail = (committed[4], committed[1], committed[2], committed[5])
             self._tail = (stream, changes, found)
             return found
         with translated("read stream version and head"):
             rows = self.conn.execute(_TAIL, (stream,)).fetchall()
         if rows:
-            version, seq, digest = rows[0]
-            found = (version or 0, seq, digest)
+            version, seq, digest, at = rows[0]
+            found = (version or 0, seq, digest, at)
         else:
-            found = (0, 0, None)
+            found = (0, 0, None, None)
         if self._writing:
             self._tail = (stream, self.conn.total_changes(), found)
         return found
 
     def insert(self, rows: Sequence[Row]) -> None:
-        """Insert event rows (inside a write transaction)."""
+        """Insert event rows (inside a write transaction), then check that the file holds them.
+
+        SQLite reports an insert done when a trigger (``RAISE(IGNORE)``) made it skip the row. So the head
+        is read back and must be the last row written, seq and hash, with as many rows after the head the
+        insert chained onto as it wrote (seqs are unique integers: that many in that range is every one of
+        them), or StoreFormatError: the write is not acknowledged, the transaction is rolled back, and no
+        head that is not in the file is kept for the next append.
+        """
         self._inserted = None
-        self.conn.executemany(_INSERT, rows)
-        if rows:
-            seq, stream, version, _, _, _, _, digest = rows[-1]
-            self._inserted = (self.conn.total_changes(), seq, digest, stream, version)
+        if not rows:
+            return
+        conn = self.conn
+        conn.executemany(_INSERT, rows)
+        seq, stream, version, _, at, _, _, digest = rows[-1]
+        first = rows[0][0]
+        landed = conn.execute(_LANDED, (first - 1,)).fetchall()
+        if not landed or landed[0] != (seq, digest, len(rows)):
+            found = landed[0][2] if landed else 0
+            raise StoreFormatError(
+                f"{self.path!r} did not keep the write: {len(rows)} event(s) inserted at seq {first}..{seq}, "
+                f"{found} found there; the store's schema was altered (a trigger?), so nothing was appended: "
+                "audit the file (lifecycle-es audit)")
+        self._inserted = (conn.total_changes(), seq, digest, stream, version, at)
+
+    def pages(self, *, after: int, stream: str | None, limit: int | None = None) -> Iterator[list[Row]]:
+        """The rows with seq > `after`, in seq order, optionally of one stream and at most `limit`, in pages.
+
+        A page ends at PAGE_ROWS rows or once its bodies reach PAGE_BYTES, so memory stays bounded
+        however large the events; each page is one statement, finished before it is yielded. A row whose
+        body is beyond MAX_EVENT_BYTES (or whose text is not UTF-8) ends the page before it, and raises
+        IntegrityError at its seq when it comes first: a reader meets the rows before it first.
+        """
+        while limit is None or limit > 0:
+            want = PAGE_ROWS if limit is None else min(PAGE_ROWS, limit)
+            if stream is None:
+                rows, full = self._page("read events", "WHERE seq > ? ORDER BY seq LIMIT ?", (after, want))
+            else:
+                # Versions rise with seq inside a stream, so the (stream, version) index gives seq order.
+                rows, full = self._page("read events", "WHERE stream = ? AND seq > ? ORDER BY version LIMIT ?",
+                                        (stream, after, want))
+            if rows:
+                yield rows
+            if not full:
+                return
+            after = rows[-1][0]
+            if limit is not None:
+                limit -= len(rows)
+
+    def stream_pages(self, stream: str, *, after_version: int) -> Iterator[list[Row]]:
+        """One stream's rows with version > `after_version`, in order, in pages (see `pages`)."""
+        while True:
+            rows, full = self._page("read stream", "WHERE stream = ? AND version > ? ORDER BY version LIMIT ?",
+                                    (stream, after_version, PAGE_ROWS))
+            if rows:
+                yield rows
+            if not full:
+                return
+            after_version = rows[-1][2]
 
     def rows(self, *, after: int, stream: str | None, limit: int) -> list[Row]:
-        """Up to `limit` rows with seq > `after`, in seq order, optionally of one stream."""
-        if stream is None:
-            return self._select("read events", ROW_COLUMNS, "WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit))
-        # Versions rise with seq inside a stream, so the (stream, version) index gives seq order.
-        return self._select("read events", ROW_COLUMNS, "WHERE stream = ? AND seq > ? ORDER BY version LIMIT ?",
-                            (stream, after, limit))
+        """The first page of `pages`: up to `limit` rows, fewer when their bodies reach PAGE_BYTES."""
+        return next(self.pages(after=after, stream=stream, limit=min(limit, PAGE_ROWS)), [])
 
     def stream_rows(self, stream: str, *, after_version: int, limit: int) -> list[Row]:
-        """Up to `limit` rows of one stream with version > `after_version`, in order."""
-        return self._select("read stream", ROW_COLUMNS, "WHERE stream = ? AND version > ? ORDER BY version LIMIT ?",
-                            (stream, after_version, limit))
+        """Up to `limit` rows of one stream with version > `after_version`, in order (bounded as `pages`)."""
+        return self._page("read stream", "WHERE stream = ? AND version > ? ORDER BY version LIMIT ?",
+                          (stream, after_version, min(limit, PAGE_ROWS)))[0]
 
     def row_at(self, seq: int) -> Row | None:
-        """The row at `seq`, if any."""
-        rows = self._select("read event", ROW_COLUMNS, "WHERE seq = ?", (seq,))
+        """The row at `seq`, if any (IntegrityError when its body is beyond the bound)."""
+        rows = self._page("read event", "WHERE seq = ? LIMIT ?", (seq, 1))[0]
         return rows[0] if rows else None
+
+    def _page(self, action: str, tail: str, params: Sequence[Any]) -> tuple[list[Row], bool]:
+        """The rows of ``SELECT ... FROM events tail`` (its last parameter the LIMIT), up to PAGE_BYTES of
+        bodies, and whether the page is full (the next may hold more)."""
+        rows: list[Row] = []
+        size = 0
+        with translated(action):
+            cursor = self.conn.execute(f"SELECT {_PAGE_COLUMNS} FROM events {tail}", params)
+            try:
+                for row in cursor:
+                    try:
+                        size += len(row[5])
+                    except TypeError:  # NULL: a body beyond the bound, or one smuggled past STRICT (or a number)
+                        if row[5] is None and self._oversized(row, first=not rows):
+                            return rows, True
+                    rows.append(row)
+                    if size >= PAGE_BYTES:
+                        return rows, True
+            except UnicodeDecodeError:
+                # SQLite keeps whatever bytes a TEXT column was given; a file edited by hand can hold text
+                # that does not decode: the page ends before that row, and a page it begins names its seq.
+                if rows:
+                    return rows, True
+                raise self._undecodable(tail, params) from None
+            finally:
+                cursor.close()
+        return rows, len(rows) == params[-1]
+
+    def _oversized(self, row: Row, *, first: bool) -> bool:
+        """Whether `row`'s NULL body stands for one beyond the bound (IntegrityError when `first` in its page)."""
+        seq = row[0]
+        ((length,),) = self.conn.execute("SELECT length(body) FROM events WHERE seq = ?", (seq,)).fetchall()
+        if length is None or length <= MAX_EVENT_BYTES:
+            return False  # NULL itself: the hash check names it
+        if not first:
+            return True
+        raise IntegrityError(seq, f"its body is {length:,} bytes, beyond the bound of {MAX_EVENT_BYTES:,} "
+                                  "(MAX_EVENT_BYTES): no command writes one so large",
+                             stream=row[1] if isinstance(row[1], str) else None)
 
     def streams(self) -> list[str]:
         """Every stream id, sorted."""

@@ -10,8 +10,15 @@ its canonical ``body`` bytes, and ``prev``/``hash`` links of the chain (see ``ch
             print(recorded.seq, recorded.type, recorded.event)
 
 Appends run under the write lock taken up front (``BEGIN IMMEDIATE``): the head and the stream's
-version are read, the new rows chained and inserted, and every attached projector updates its read
-model, all in one transaction. A batch is all or nothing.
+version are read, the new rows chained, inserted and read back (a write the file did not keep is never
+acknowledged), and every attached projector updates its read model, all in one transaction. A batch
+is all or nothing.
+
+Time never runs backwards: an event is stamped at least the head's ``at`` (the clock, or the head's
+``at`` when the clock is behind it), an explicit earlier ``at`` is refused, and `verify` and the audit
+report an event stamped before the one before it. An event's body is at most `MAX_EVENT_BYTES` (512
+KiB; the largest a command writes, a DrainExpired naming 1024 lease ids, is about 270 KB): a larger one
+is refused on append, and reported at its seq when a read meets it. Reads are paged by rows and bytes.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any, NamedTuple, Protocol
 import msgspec
 
 from . import chain
-from .backend import Backend, Row
+from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, Row
 from .canonical import MAX_EPOCH_MS, iso_ms, timestamp
 from .errors import (
     ConcurrencyError,
@@ -40,9 +47,12 @@ from .events import Event, decode, encode_all, type_of
 from .files import text_path as _text_path
 from .seal import Seal, check_seal, read_seal, write_seal
 from .sqlite import DURABILITY, SqliteBackend
-from .values import safe_id, safe_int
+from .values import safe_id, safe_int, shown
 
-PAGE = 2000
+PAGE = PAGE_ROWS
+# Where an ``at`` as the store writes it (YYYY-MM-DDTHH:MM:SS.mmmZ: fixed width, so text order is time
+# order) has its separators: positions 4, 7, ... 19, and the Z at 23.
+AT_SEPARATORS = "--T::."
 
 
 class RecordedEvent:
@@ -150,7 +160,8 @@ class EventStore:
             raise StoreFormatError(f"{backend.path!r} has no store id: not a lifecycle-es store")
         self.store_id: bytes = store_id
         stored_key_id = backend.meta("key_id")
-        self.key_id: str | None = stored_key_id.decode() if stored_key_id is not None else None
+        # A key id that is not text is a schema problem (`schema_problems`); reading it must not crash.
+        self.key_id: str | None = stored_key_id.decode("utf-8", "replace") if stored_key_id is not None else None
         self._key = self._check_key(key)
         self._genesis = chain.genesis(self.store_id, self._key) if self._key or not self.key_id else b""
 
@@ -288,7 +299,8 @@ class EventStore:
 
         `expected_version`: the stream's version the caller decided against (0 for a new stream);
         a mismatch raises ConcurrencyError and appends nothing. `at`: the events' timestamp (default:
-        the store's clock).
+        the store's clock, or the head's ``at`` when the clock is behind it); one earlier than the head's
+        raises InvalidInputError. A body beyond MAX_EVENT_BYTES raises InvalidInputError("events").
         """
         with self.transaction("append") as tx:
             return tx.append(stream, events, expected_version=expected_version, at=at)
@@ -299,17 +311,23 @@ class EventStore:
         if isinstance(events, Event) or not isinstance(events, Sequence) or not events:
             raise InvalidInputError("events", "events must be a non-empty sequence of events")
         bodies = encode_all(events)  # refuses what is not an event, or holds a float, before anything else
+        for _, body in bodies:
+            if len(body) > MAX_EVENT_BYTES:
+                raise _too_large(bodies)
         if expected_version is not None:
             safe_int(expected_version, "expected_version")
         if self.key_id is not None and self._key is None:
             raise StoreKeyError("this keyed store was opened without its key: it is read-only")
         # `at` is hashed as stored, so it is held to the one canonical spelling (UTC, milliseconds, Z).
+        stamped = at is None
         at = timestamp(at, "at") if at is not None else iso_ms(safe_int(self._now(), "now", 0, MAX_EPOCH_MS))
         backend = self._backend
-        # One statement under the lock for both (answered without one when the command just read them).
-        version, seq, prev = backend.tail(stream)
+        # One statement under the lock for all (answered without one when the command just read them).
+        version, seq, prev, head_at = backend.tail(stream)
         if expected_version is not None and expected_version != version:
             raise ConcurrencyError(stream, expected_version, version)
+        if head_at is not None and (type(head_at) is not str or at < head_at):
+            at = _not_before(at, seq, head_at, stamped=stamped)
         prev = prev if prev is not None else self._genesis
         rows: list[Row] = []
         for (type_, body), digest in zip(bodies, chain.links(prev, seq, stream, version, at, bodies, self._key),
@@ -340,17 +358,9 @@ class EventStore:
         return self._read_pages(after, stream, limit)
 
     def _read_pages(self, after: int, stream: str | None, limit: int | None) -> Iterator[RecordedEvent]:
-        remaining = limit
-        while remaining is None or remaining > 0:
-            page = PAGE if remaining is None else min(PAGE, remaining)
-            rows = self._backend.rows(after=after, stream=stream, limit=page)
+        for rows in self._backend.pages(after=after, stream=stream, limit=limit):
             for row in rows:
                 yield RecordedEvent(*row)
-            if len(rows) < page:
-                return
-            after = rows[-1][0]
-            if remaining is not None:
-                remaining -= len(rows)
 
     def read_stream(self, stream: str, *, after_version: int = 0) -> Iterator[RecordedEvent]:
         """One stream's events with version > `after_version`, in order, in pages."""
@@ -359,13 +369,9 @@ class EventStore:
         return self._read_stream_pages(stream, after_version)
 
     def _read_stream_pages(self, stream: str, after_version: int) -> Iterator[RecordedEvent]:
-        while True:
-            rows = self._backend.stream_rows(stream, after_version=after_version, limit=PAGE)
+        for rows in self._backend.stream_pages(stream, after_version=after_version):
             for row in rows:
                 yield RecordedEvent(*row)
-            if len(rows) < PAGE:
-                return
-            after_version = rows[-1][2]
 
     def event_at(self, seq: int) -> RecordedEvent | None:
         """The event at `seq`, or None."""
@@ -384,6 +390,16 @@ class EventStore:
     def streams(self) -> list[str]:
         """Every stream id in the log, sorted."""
         return self._backend.streams()
+
+    def schema_problems(self) -> list[str]:
+        """How the file's schema differs from what the store made (empty when exact).
+
+        A writer's open refuses a file with any (StoreFormatError); a read-only open still opens it, so
+        that the audit can report each: a trigger added (one that ignores inserts makes the store lose
+        acknowledged writes), dropped or redefined, an index or view added, a constraint gone, a meta
+        key the store never writes.
+        """
+        return self._backend.schema_problems()
 
     def follow(self, *, after: int = 0, poll_interval: float = 0.05, stream: str | None = None,
                stop: threading.Event | None = None) -> Iterator[RecordedEvent]:
@@ -433,7 +449,8 @@ class EventStore:
         """Verify the whole chain in constant memory; IntegrityError names the first bad seq.
 
         Checks seqs contiguous from 1, versions contiguous per stream, every ``prev`` link and every
-        hash (a MAC with the key, for a keyed store), then the seal when one is given.
+        hash (a MAC with the key, for a keyed store), that no event's ``at`` is earlier than the one
+        before it, and that no body is beyond MAX_EVENT_BYTES; then the seal when one is given.
         """
         key = self._verify_key(key)
         with self._backend.read_tx("verify"):
@@ -442,7 +459,7 @@ class EventStore:
             expected = 1
             at: str | None = None
             for recorded in self.read():
-                check_link(recorded, expected_seq=expected, prev=prev, key=key, versions=versions)
+                check_link(recorded, expected_seq=expected, prev=prev, key=key, versions=versions, after_at=at or "")
                 prev, at = recorded.hash, recorded.at
                 expected += 1
                 if progress is not None and expected % 10_000 == 0:
@@ -498,8 +515,9 @@ class EventStore:
 
 
 def check_link(recorded: RecordedEvent, *, expected_seq: int, prev: bytes, key: bytes | None,
-               versions: dict[str, int]) -> None:
-    """Check one event against the chain: its seq, version, prev link and hash. IntegrityError if not."""
+               versions: dict[str, int], after_at: str = "") -> None:
+    """Check one event against the chain: its seq, version, prev link and hash, and its ``at`` against
+    `after_at`, the at of the event before it ("" for the first). IntegrityError if not."""
     seq = recorded.seq
     if seq != expected_seq:
         raise IntegrityError(expected_seq, f"seq {seq} found where {expected_seq} was due (a gap or a reorder)",
@@ -514,6 +532,38 @@ def check_link(recorded: RecordedEvent, *, expected_seq: int, prev: bytes, key: 
                         recorded.body, key)
     if digest != recorded.hash:
         raise IntegrityError(seq, "hash does not match the event's contents", stream=recorded.stream)
+    at = recorded.at  # text: the hash was framed from it
+    if at < after_at or len(at) != 24 or at[23] != "Z" or at[4:20:3] != AT_SEPARATORS:
+        raise time_problem(seq, recorded.stream, at, after_at)
+
+
+def time_problem(seq: int, stream: str | None, at: str, after_at: str) -> IntegrityError:
+    """The IntegrityError of an event whose `at` is not a time as the store writes one, or is earlier than
+    `after_at`, the at of the event before it."""
+    if len(at) != 24 or at[23] != "Z" or at[4:20:3] != AT_SEPARATORS:
+        return IntegrityError(seq, f"its at {shown(at)} is not a time as the store writes one "
+                                   "(YYYY-MM-DDTHH:MM:SS.mmmZ)", stream=stream)
+    return IntegrityError(seq, f"its at {at} is earlier than {after_at}, the at of the event before it: time "
+                               "ran backwards (the store never stamps an event before the log's head)", stream=stream)
+
+
+def _not_before(at: str, seq: int, head_at: object, *, stamped: bool) -> str:
+    """`at` for an event appended after a head stamped `head_at`, later than `at`: the head's time when the
+    store's clock stamped it (a clock that stepped back), InvalidInputError when the caller named it."""
+    if type(head_at) is not str or len(head_at) != 24 or head_at[23] != "Z" or head_at[4:20:3] != AT_SEPARATORS:
+        raise IntegrityError(seq, f"the log's head has at {shown(head_at)}, not a time as the store writes one: "
+                                  "audit the file (lifecycle-es audit)")
+    if not stamped:
+        raise InvalidInputError("at", f"at {at} is earlier than {head_at}, the at of the log's head (seq {seq}): "
+                                      "an event is never stamped before the one before it; pass a later at or none")
+    return head_at
+
+
+def _too_large(bodies: Sequence[tuple[str, bytes]]) -> InvalidInputError:
+    """The InvalidInputError naming the first event of `bodies` beyond MAX_EVENT_BYTES, and its size."""
+    index, (type_, body) = next((index, pair) for index, pair in enumerate(bodies) if len(pair[1]) > MAX_EVENT_BYTES)
+    return InvalidInputError("events", f"event {index} ({type_}) is {len(body):,} bytes encoded, beyond the bound of "
+                                       f"{MAX_EVENT_BYTES:,} bytes an event may hold (MAX_EVENT_BYTES)")
 
 
 class _WriteTransaction:
@@ -546,6 +596,13 @@ class _WriteTransaction:
     def store(self) -> EventStore:
         """The store this transaction writes to."""
         return self._store
+
+    def head_at(self) -> str | None:
+        """The head's at as of this transaction (None for an empty log): the earliest an event may be stamped.
+
+        Read under the lock, and without a query after `stream_version` read the tail.
+        """
+        return self._store._backend.head_at()
 
     def stream_version(self, stream: str) -> int:
         """The stream's version as of this transaction (read under the lock)."""

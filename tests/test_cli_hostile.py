@@ -24,6 +24,7 @@ from test_cli_logs import (
     audit_json,
     copy_store,
     fleet_in,
+    long_in,
     one_error_line,
     rechain,
     run,
@@ -31,6 +32,7 @@ from test_cli_logs import (
 )
 
 from lifecycle_es import chain
+from lifecycle_es.cli.jobs import split
 
 FleetLog = tuple[Path, dict[str, int]]
 
@@ -119,8 +121,9 @@ def _rechained(fleet_log: FleetLog, tmp_path: Path, name: str, seq: int, **colum
     ("huge-integer", {"body": b'{"lease_generation":' + b"9" * 400 + b',"lease_id":"lease-0001","result_digest":"'
                       + DIGEST.encode() + b'","type":"LeaseSettled"}', "type": "LeaseSettled"}, "breaks the rules"),
     ("huge-string", {"body": b'{"lease_generation":1,"lease_id":"' + b"x" * 3_000_000 + b'","result_digest":"'
-                     + DIGEST.encode() + b'","type":"LeaseSettled"}', "type": "LeaseSettled"}, "breaks the rules"),
-    ("at-is-not-a-time", {"at": "yesterday, around noon"}, "breaks the rules"),
+                     + DIGEST.encode() + b'","type":"LeaseSettled"}', "type": "LeaseSettled"}, "beyond the bound"),
+    ("at-is-not-a-time", {"at": "yesterday, around noon"}, "not a time as the store writes one"),
+    ("time-runs-backwards", {"at": "2025-01-01T00:00:00.000Z"}, "time ran backwards"),
     ("float-in-body", {"body": b'{"generation":1.5,"type":"ReclaimCompleted"}', "type": "ReclaimCompleted"},
      "body is not a valid event"),
 ])
@@ -132,6 +135,20 @@ def test_a_rechained_hostile_event_is_named_by_seq(fleet_log: FleetLog, tmp_path
     assert code == 65 and report["first_bad_seq"] == seq, report
     assert reason in report["reason"]
     assert len(report["reason"]) < 2000  # a huge value is cut short, not echoed whole
+
+
+def test_time_running_backwards_across_two_workers_ranges_is_named_by_seq(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    """The first row of the second worker's range goes back in time: that worker reads the row before it
+    (the first worker's) and compares the two."""
+    path = copy_store(long_in(tmp_path_factory), tmp_path / "long.db", seal=False)
+    code, report = audit_json(path, "--jobs", "2")
+    assert code == 0 and report["jobs"] == 2, report
+    (_, _), (boundary, _) = split(report["head_seq"], 2)
+    attack(path, ("UPDATE events SET at = '2025-12-31T23:59:59.999Z' WHERE seq = ?", (boundary,)))
+    rechain(path)
+    code, report = audit_json(path, "--jobs", "2")
+    assert code == 65 and report["first_bad_seq"] == boundary and "time ran backwards" in report["reason"], report
 
 
 def test_text_that_is_not_utf8_is_named_by_seq(fleet_log: FleetLog, tmp_path: Path) -> None:

@@ -3,11 +3,14 @@
 Hypothesis makes the files: random bytes; a real store cut at any byte; a real store with bits flipped
 anywhere (after a checkpoint, so every byte of the log is in the main file); SQLite files with foreign
 schemas (some wearing our application_id and user_version); and real stores edited as an attacker
-would (plain apsw, the append-only triggers dropped): seqs huge, zero or negative, bodies that are
-not JSON, JSON that is not an event, unknown tags, a 10 MB body, NUL in text, and wrong-typed
-values or NULLs (STRICT refuses them, so the attacker first rewrites the table's schema without STRICT
-and NOT NULL, then leaves it so or puts the STRICT text back over the values), each edit then
-re-chained or not.
+would (plain apsw, the append-only triggers dropped, then put back or not): seqs huge, zero or
+negative, bodies that are not JSON, JSON that is not an event, unknown tags, a 10 MB body, NUL in text,
+and wrong-typed values or NULLs (STRICT refuses them, so the attacker first rewrites the table's schema
+without STRICT and NOT NULL, then leaves it so or puts the STRICT text back over the values), each edit
+then re-chained or not; and real stores whose schema was changed: triggers added (one that ignores
+inserts, no-ops, on any table), dropped or redefined (``WHEN 0``), constraints dropped (events rebuilt
+without UNIQUE (stream, version) or a NOT NULL), side tables edited (a meta key, an index, a view). A
+writer must refuse every schema change (StoreFormatError) and the audit must fail it (65).
 
 Each file goes two ways, and both must end cleanly:
 
@@ -49,7 +52,7 @@ from test_cli_logs import build_long
 
 from lifecycle_es import EventStore, IntegrityError, ProxyAuthority, Resources, RunnerLifecycle, chain
 from lifecycle_es.canonical import iso_ms
-from lifecycle_es.sqlite import APPLICATION_ID, SCHEMA_VERSION
+from lifecycle_es.sqlite import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 from lifecycle_es.testing import FakeClock, SequentialIds
 from projections import attach
 
@@ -235,10 +238,12 @@ def audit(path: Path, *, as_json: bool, jobs: int = 1) -> subprocess.CompletedPr
         pytest.fail(f"lifecycle-es audit hung on {path} for {HANG_S} s")
 
 
-def check_both_ways(path: Path, *, read_only: bool, as_json: bool, whole: bool | None = None) -> tuple[int, bool]:
+def check_both_ways(path: Path, *, read_only: bool, as_json: bool, whole: bool | None = None,
+                    writer_refused: bool = False) -> tuple[int, bool]:
     """Run the probe and the audit on `path` (side by side) and hold both to a clean end.
 
     `whole`: True when the file must audit clean, False when it must not, None when either may hold.
+    `writer_refused`: the probe's open (read-write) must be refused with StoreFormatError.
     Returns the audit's exit code and whether every in-process step succeeded.
     """
     # The audit first, on a copy of its own: a read-write open by the probe may add a WAL to the file.
@@ -268,6 +273,8 @@ def check_both_ways(path: Path, *, read_only: bool, as_json: bool, whole: bool |
         assert in_process_ok, (context, steps)
     if whole is not None:
         assert (done.returncode == 0) is whole, context
+    if writer_refused:
+        assert not read_only and steps[0]["outcome"] == "refused" and steps[0]["kind"] == "StoreFormatError", steps
     return done.returncode, in_process_ok
 
 
@@ -492,8 +499,9 @@ def _set_schema(path: Path, transform: Callable[[str], str]) -> str:
     return str(sql)
 
 
-def edit_store(path: Path, edits: Edits, *, rechain: bool) -> None:
-    """Apply `edits` with plain apsw, triggers dropped; then re-chain every row that can be, if asked."""
+def edit_store(path: Path, edits: Edits, *, rechain: bool, restore_triggers: bool = False) -> None:
+    """Apply `edits` with plain apsw, triggers dropped; then re-chain every row that can be, if asked, and
+    put the triggers back as the store made them, if asked (the schema is then the store's again)."""
     original = None
     if edits.unstrict is not None:
         original = _set_schema(path, lambda sql: sql.replace(") STRICT", ")").replace(" NOT NULL", ""))
@@ -506,6 +514,9 @@ def edit_store(path: Path, edits: Edits, *, rechain: bool) -> None:
             conn.execute(sql, params)
         if rechain:
             _rechain(conn)
+        if restore_triggers:
+            for statement in TRIGGERS:
+                conn.execute(statement)
     finally:
         conn.close()
     if edits.unstrict == "restored":
@@ -529,16 +540,111 @@ def _rechain(conn: apsw.Connection) -> None:
     conn.execute("COMMIT")
 
 
-@given(edits=st.data(), rechain=st.booleans(), read_only=st.booleans(), as_json=st.booleans())
+@given(edits=st.data(), rechain=st.booleans(), restore_triggers=st.booleans(), read_only=st.booleans(),
+       as_json=st.booleans())
 @HOSTILE
 def test_a_store_with_rows_edited(template: Template, example_dir: Callable[[], Any], edits: st.DataObject,
-                                  rechain: bool, read_only: bool, as_json: bool) -> None:
+                                  rechain: bool, restore_triggers: bool, read_only: bool, as_json: bool) -> None:
     changes = edits.draw(row_edits(template.head), label="edits")
     with example_dir() as directory:
         path = Path(directory) / "edited.db"
         path.write_bytes(template.data)
-        edit_store(path, changes, rechain=rechain)
+        # Triggers put back: the schema is the store's again, so only the chain and the rules can tell.
+        edit_store(path, changes, rechain=rechain, restore_triggers=restore_triggers)
         check_both_ways(path, read_only=read_only, as_json=as_json)
+
+
+# --- a real store, its schema changed ---------------------------------------------------------------------
+
+TRIGGERS = [statement for statement in MIGRATIONS[1] if statement.startswith("CREATE TRIGGER")]
+EVENTS_SQL = MIGRATIONS[1][1]
+# Every table of the template: the store's, and the read models' (a trigger on any of them is refused).
+TEMPLATE_TABLES = {"events": EVENT_COLUMNS, "meta": ("key", "value"), "snapshots": ("stream", "version", "seq"),
+                   "runners": ("runner_id", "state"), "leases": ("runner_id", "status"),
+                   "read_model_position": ("name", "seq")}
+TRIGGER_BODIES = ("SELECT RAISE(IGNORE);", "SELECT 1;", "SELECT RAISE(ABORT, 'no');",
+                  "DELETE FROM snapshots;", "INSERT INTO read_model_position (name, seq) VALUES ('x', 0);")
+EVENTS_VARIANTS = {  # the events table rebuilt with one constraint dropped or changed
+    "no-unique": EVENTS_SQL.replace(", UNIQUE (stream, version)", ""),
+    "unique-widened-to-seq": EVENTS_SQL.replace("UNIQUE (stream, version)", "UNIQUE (stream, version, seq)"),
+    "no-not-null": EVENTS_SQL.replace("body BLOB NOT NULL", "body BLOB"),
+    "not-strict": EVENTS_SQL.replace(") STRICT", ")"),
+    "a-check": EVENTS_SQL.replace(" UNIQUE (stream, version)", " UNIQUE (stream, version), CHECK (length(body) > 0)"),
+    "a-collation": EVENTS_SQL.replace("stream TEXT NOT NULL", "stream TEXT NOT NULL COLLATE NOCASE"),
+    "a-default": EVENTS_SQL.replace("at TEXT NOT NULL", "at TEXT NOT NULL DEFAULT ''"),
+}
+
+
+@st.composite
+def schema_edits(draw: st.DrawFn) -> list[str]:
+    """One to three changes to the template's schema, each of them one a writer must refuse."""
+    statements: list[str] = []
+    kinds = draw(st.lists(st.sampled_from(("add-trigger", "drop-trigger", "redefine-trigger", "rebuild-events",
+                                           "meta-key", "index", "view")), min_size=1, max_size=3))
+    if "rebuild-events" in kinds:  # first: rebuilding events drops whatever triggers it had, then makes ours
+        table_sql = EVENTS_VARIANTS[draw(st.sampled_from(sorted(EVENTS_VARIANTS)), label="events variant")]
+        statements += ["ALTER TABLE events RENAME TO old_events", table_sql,
+                       "INSERT INTO events SELECT * FROM old_events", "DROP TABLE old_events", *TRIGGERS]
+    for number, kind in enumerate(kinds):
+        if kind == "add-trigger":
+            table = draw(st.sampled_from(sorted(TEMPLATE_TABLES)))
+            timing, action = draw(st.sampled_from(("BEFORE", "AFTER"))), draw(st.sampled_from(("INSERT", "UPDATE",
+                                                                                                 "DELETE")))
+            when = draw(st.sampled_from(("", " WHEN 0", " WHEN 1")))
+            statements.append(f"CREATE TRIGGER added_{number} {timing} {action} ON {table}{when} BEGIN "
+                              f"{draw(st.sampled_from(TRIGGER_BODIES))} END")
+        elif kind == "drop-trigger":
+            for statement in draw(st.lists(st.sampled_from(TRIGGERS), min_size=1, max_size=2, unique=True)):
+                statements.append(f"DROP TRIGGER IF EXISTS {statement.split()[2]}")
+        elif kind == "redefine-trigger":
+            original = draw(st.sampled_from(TRIGGERS))
+            redefined = draw(st.sampled_from((
+                original.replace(" ON events", " ON events WHEN 0"),  # the same name, never firing
+                original.replace("RAISE(ABORT, 'events are append-only')", "RAISE(IGNORE)"),  # skips, no error
+                original.replace("BEFORE", "AFTER"),
+                original.lower(),  # the same words, spelled otherwise: not the store's text
+            )))
+            statements += [f"DROP TRIGGER IF EXISTS {original.split()[2]}", redefined]
+        elif kind == "meta-key":
+            key = draw(st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"), min_size=1,
+                               max_size=12).filter(lambda text: text not in ("store_id", "key_id")))
+            statements.append(f"INSERT OR IGNORE INTO meta (key, value) VALUES ({_quoted(key)}, x'00')")
+        elif kind == "index":
+            table = draw(st.sampled_from(("events", "meta", "snapshots")))
+            column = draw(st.sampled_from(TEMPLATE_TABLES[table]))
+            where = draw(st.sampled_from(("", " WHERE 0")))
+            statements.append(f"CREATE INDEX added_{number} ON {table} ({column}){where}")
+        elif kind == "view":
+            table = draw(st.sampled_from(sorted(TEMPLATE_TABLES)))
+            statements.append(f"CREATE VIEW added_{number} AS SELECT * FROM {table}")
+    return statements
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def edit_schema(path: Path, statements: list[str]) -> None:
+    """Run `statements` on the file with plain apsw, as anyone who can write it can."""
+    conn = apsw.Connection(str(path))
+    try:
+        for statement in statements:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
+@given(edits=schema_edits(), as_json=st.booleans())
+@HOSTILE
+def test_a_store_with_its_schema_changed(template: Template, example_dir: Callable[[], Any], edits: list[str],
+                                         as_json: bool) -> None:
+    """Whatever was changed, a writer refuses the file and the audit fails it: never 0, never a traceback."""
+    with example_dir() as directory:
+        path = Path(directory) / "altered.db"
+        path.write_bytes(template.data)
+        edit_schema(path, edits)
+        code, _ = check_both_ways(path, read_only=False, as_json=as_json, whole=False, writer_refused=True)
+        assert code == 65, edits
 
 
 @pytest.fixture(scope="module")

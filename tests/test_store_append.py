@@ -13,11 +13,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from conftest import FakeClock
 
 from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError
-from lifecycle_es.events import LeaseSettled, ReclaimCompleted, RunnerParked
+from lifecycle_es.backend import MAX_EVENT_BYTES
+from lifecycle_es.events import LeaseSettled, ReclaimCompleted, RunnerParked, UnitStopped, encode
 from lifecycle_es.store import RecordedEvent
 
 EVENT = ReclaimCompleted(generation=1)
@@ -37,6 +39,14 @@ def started(store: EventStore) -> EventStore:
     store.append("runner-1", [ReclaimCompleted(generation=1), RunnerParked(cause="drain-idle", generation=2)])
     store.append("runner-2", [ReclaimCompleted(generation=1)])
     return store
+
+
+def stopped(reason_length: int) -> UnitStopped:
+    """A UnitStopped whose reason is `reason_length` characters, made past any check of the event's own
+    (the store's bound on the encoded body is what is under test)."""
+    event = UnitStopped(lease_id="lease-1", reason="")
+    msgspec.structs.force_setattr(event, "reason", "x" * reason_length)
+    return event
 
 
 REFUSED: list[tuple[str, dict[str, Any], type[Exception]]] = [
@@ -60,6 +70,8 @@ REFUSED: list[tuple[str, dict[str, Any], type[Exception]]] = [
     ("at-no-offset", {"at": "2026-01-01T00:00:00"}, InvalidInputError),
     ("at-naive-datetime", {"at": datetime(2026, 1, 1)}, InvalidInputError),  # naive: no offset
     ("at-int", {"at": 1_767_225_600_000}, InvalidInputError),
+    ("at-before-the-head", {"at": "2025-12-31T23:59:59.999Z"}, InvalidInputError),  # time never runs backwards
+    ("body-beyond-the-bound", {"events": [stopped(MAX_EVENT_BYTES)]}, InvalidInputError),
 ]
 
 
@@ -90,6 +102,35 @@ def test_clock_that_returns_a_non_integer_is_refused(tmp_path: Path) -> None:
             with pytest.raises(InvalidInputError):
                 store.append("runner-1", [EVENT])
             assert durable_digests(store.path) == before
+
+
+def test_time_never_runs_backwards(store: EventStore, clock: FakeClock) -> None:
+    (first,) = store.append("runner-1", [EVENT])
+    assert first.at == "2026-01-01T00:00:00.000Z"
+    clock.advance(-60_000)  # the clock steps back a minute (NTP, a VM restored from a snapshot)
+    (second,) = store.append("runner-2", [EVENT])
+    assert second.at == first.at  # stamped at the head's time, not before it
+    with pytest.raises(InvalidInputError, match=r"2025-12-31T23:59:00\.000Z is earlier than 2026-01-01T00:00:00\.000Z"
+                       ) as info:
+        store.append("runner-1", [EVENT], at="2025-12-31T23:59:00.000Z")
+    assert info.value.field == "at"
+    assert store.append("runner-1", [EVENT], at=first.at)[0].at == first.at  # the same instant is not earlier
+    clock.advance(120_000)
+    with store.transaction() as tx:
+        assert tx.head_at() == first.at
+        tx.append("runner-1", [EVENT])
+        assert tx.head_at() == "2026-01-01T00:01:00.000Z"
+    assert store.verify().events == 4
+
+
+def test_a_body_beyond_the_bound_is_refused_naming_its_size(started: EventStore) -> None:
+    room = MAX_EVENT_BYTES - len(encode(stopped(0)))
+    (recorded,) = started.append("runner-1", [stopped(room)])
+    assert len(recorded.body) == MAX_EVENT_BYTES  # the bound itself is allowed
+    with pytest.raises(InvalidInputError, match=rf"event 1 \(UnitStopped\) is {MAX_EVENT_BYTES + 1:,} bytes") as info:
+        started.append("runner-1", [EVENT, stopped(room + 1)])
+    assert info.value.field == "events" and f"{MAX_EVENT_BYTES:,}" in str(info.value)
+    assert started.head().seq == 4
 
 
 def test_at_is_stored_canonical(store: EventStore, clock: FakeClock) -> None:

@@ -262,7 +262,9 @@ def test_open_waits_for_a_lock_held_elsewhere_up_to_the_busy_timeout(tmp_path: P
     holder = apsw.Connection(str(path))
     # EXCLUSIVE locking mode keeps the lock after the first write, so even reading the header must wait.
     holder.execute("PRAGMA locking_mode=EXCLUSIVE")
-    holder.execute("BEGIN IMMEDIATE; INSERT INTO meta (key, value) VALUES ('held', x'00'); COMMIT")
+    # (The row is gone again at the commit: a meta key the store never writes would make a writer refuse it.)
+    holder.execute("BEGIN IMMEDIATE; INSERT INTO meta (key, value) VALUES ('held', x'00');"
+                   " DELETE FROM meta WHERE key = 'held'; COMMIT")
     try:
         with raises_exactly(StoreBusyError):
             EventStore.open(path, busy_timeout_ms=0)

@@ -16,16 +16,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 from conftest import FakeClock
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from lifecycle_es import ConcurrencyError, EventStore, InvalidInputError
+from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError
 from lifecycle_es import store as store_module
+from lifecycle_es.backend import MAX_EVENT_BYTES, PAGE_BYTES
 from lifecycle_es.canonical import MAX_EPOCH_MS, iso_ms
 from lifecycle_es.events import (
+    DrainExpired,
     Event,
     LeaseSettled,
     ReclaimCompleted,
@@ -35,6 +38,7 @@ from lifecycle_es.events import (
     encode,
     type_of,
 )
+from lifecycle_es.sqlite import MIGRATIONS
 from lifecycle_es.values import ID_RE
 
 ModelRow = tuple[int, str, int, str, str, bytes]
@@ -80,6 +84,9 @@ class StoreModel(RuleBasedStateMachine):
     def version(self, stream: str) -> int:
         return max((row[2] for row in self.rows if row[1] == stream), default=0)
 
+    def head_at(self) -> str:
+        return self.rows[-1][4] if self.rows else ""
+
     def record(self, stream: str, events: list[Event], at: str, recorded: list[Any]) -> None:
         version = self.version(stream)
         for offset, event in enumerate(events):
@@ -93,7 +100,8 @@ class StoreModel(RuleBasedStateMachine):
         assert self.store is not None
         self.clock.advance(step_ms)
         recorded = self.store.append(stream, events, expected_version=self.version(stream))
-        self.record(stream, events, iso_ms(self.clock.now()), recorded)
+        # Stamped by the clock, never before the head (an explicit at may have put it past the clock).
+        self.record(stream, events, max(iso_ms(self.clock.now()), self.head_at()), recorded)
 
     @rule(stream=STREAMS, events=st.lists(EVENTS, min_size=1, max_size=3), ms=st.integers(0, MAX_EPOCH_MS),
           spelling=st.sampled_from(["canonical", "offset", "datetime"]))
@@ -102,6 +110,12 @@ class StoreModel(RuleBasedStateMachine):
         # Every spelling of one instant is stored as the one canonical string (it is hashed as stored).
         at: Any = {"canonical": iso_ms(ms), "offset": iso_ms(ms)[:-1] + "+00:00",
                    "datetime": EPOCH + timedelta(milliseconds=ms)}[spelling]
+        if iso_ms(ms) < self.head_at():
+            # Time never runs backwards: an at before the head's is refused, and nothing is appended.
+            with pytest.raises(InvalidInputError, match=self.head_at()) as info:
+                self.store.append(stream, events, at=at)
+            assert info.value.field == "at"
+            return
         recorded = self.store.append(stream, events, at=at)  # no expected_version: appends whatever the version
         self.record(stream, events, iso_ms(ms), recorded)
 
@@ -233,6 +247,70 @@ def test_read_stream_pages(long_log: Any, after_version: int) -> None:
     mine = [row for row in rows if row[1] == "a"]
     got = [as_model(r) for r in store.read_stream("a", after_version=after_version)]
     assert got == mine[after_version:]
+
+
+# --- paging by bytes ---------------------------------------------------------------------------------------
+
+
+def large_drain(n: int) -> DrainExpired:
+    """A DrainExpired naming 1000 leases of 250-character ids: about 256 KB, half the bound."""
+    return DrainExpired(lease_ids=tuple(f"{n:04d}-{i:04d}-" + "x" * 240 for i in range(1000)),
+                        deadline_at="2026-01-01T00:00:00.000Z")
+
+
+@pytest.fixture(scope="module")
+def large_log(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """60 events of about 260 KB (15 MB) in two streams, then a small one."""
+    path = tmp_path_factory.mktemp("large") / "events.db"
+    with EventStore.open(path, now=FakeClock().now) as store:
+        with store.transaction() as tx:
+            for n in range(60):
+                tx.append("a" if n % 3 else "b", [large_drain(n)])
+            tx.append("a", [ReclaimCompleted(generation=1)])
+        rows = [as_model(r) for r in store.read()]
+    store = EventStore.open(path, read_only=True)
+    yield store, rows
+    store.close()
+
+
+def test_pages_end_by_bytes_as_well_as_rows(large_log: Any) -> None:
+    store, rows = large_log
+    assert sum(len(row[5]) for row in rows) > PAGE_BYTES  # more than one page's worth of bodies
+    for stream in (None, "a"):
+        pages = list(store.backend.pages(after=0, stream=stream))
+        assert len(pages) > 1
+        # A page ends once its bodies reach PAGE_BYTES: the row that reached it is the page's last.
+        assert all(sum(len(row[5]) for row in page[:-1]) < PAGE_BYTES for page in pages)
+        assert [row[:6] for page in pages for row in page] == [row for row in rows if stream in (None, row[1])]
+    assert [as_model(r) for r in store.read()] == rows
+    assert [as_model(r) for r in store.read(after=3, limit=40)] == rows[3:43]
+    assert [as_model(r) for r in store.read_stream("a", after_version=2)] == [row for row in rows if row[1] == "a"][2:]
+    assert len(list(store.backend.stream_pages("a", after_version=0))) > 1
+    assert store.verify().events == len(rows)
+
+
+def test_a_body_beyond_the_bound_is_never_loaded_and_named_by_seq(tmp_path: Path) -> None:
+    """A body an attacker made larger than MAX_EVENT_BYTES (the append-only triggers dropped and put
+    back): reads yield the rows before it, then raise IntegrityError at its seq."""
+    path = tmp_path / "events.db"
+    with EventStore.open(path) as store:
+        store.append("a", [ReclaimCompleted(generation=n) for n in range(1, 6)])
+    conn = apsw.Connection(str(path))
+    try:
+        conn.execute("DROP TRIGGER events_no_update")
+        conn.execute("UPDATE events SET body = zeroblob(?) WHERE seq = 3", (MAX_EVENT_BYTES + 1,))
+        conn.execute(MIGRATIONS[1][2])  # events_no_update, as it was
+    finally:
+        conn.close()
+    with EventStore.open(path, read_only=True) as store:
+        seen = []
+        with pytest.raises(IntegrityError, match=f"{MAX_EVENT_BYTES + 1:,} bytes, beyond the bound") as info:
+            seen.extend(recorded.seq for recorded in store.read())
+        assert info.value.seq == 3 and seen == [1, 2]
+        for read in (store.verify, lambda: store.event_at(3), lambda: list(store.read_stream("a"))):
+            with pytest.raises(IntegrityError) as info:
+                read()
+            assert info.value.seq == 3
 
 
 def test_read_arguments_are_checked_at_the_call(store: EventStore) -> None:

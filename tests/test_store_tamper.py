@@ -1,8 +1,10 @@
 """Tampering with the log: every edit an attacker with the file can make is caught, by the chain or the seal.
 
 The attacker opens the file with plain apsw, drops the append-only triggers first (they are in the file,
-so whoever can write the file can drop them), and edits rows. `verify` must then raise IntegrityError
-naming the first bad seq; what the chain cannot see (a shorter log, an older copy) the seal must.
+so whoever can write the file can drop them), edits rows, and puts the triggers back as they were (a
+schema left altered makes a writer refuse the file and the audit fail: see test_store_schema.py).
+`verify` must then raise IntegrityError naming the first bad seq; what the chain cannot see (a shorter
+log, an older copy) the seal must.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from lifecycle_es import (
     chain,
 )
 from lifecycle_es.events import Event, LeaseSettled, ReclaimCompleted, RunnerParked, encode, type_of
+from lifecycle_es.sqlite import MIGRATIONS
 
+TRIGGERS = [statement for statement in MIGRATIONS[1] if statement.startswith("CREATE TRIGGER")]
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
 COLUMNS = ("seq", "stream", "version", "type", "at", "body", "prev", "hash")
@@ -83,7 +87,7 @@ def copy_of(source: Path, directory: Path) -> Path:
 
 
 def attack(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
-    """Edit the file as an attacker would: a plain connection, triggers dropped first."""
+    """Edit the file as an attacker would: a plain connection, triggers dropped first and put back after."""
     conn = apsw.Connection(str(path))
     try:
         conn.execute("DROP TRIGGER IF EXISTS events_no_update")
@@ -91,6 +95,8 @@ def attack(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
         for sql, params in statements:
             conn.execute(sql, params)
     finally:
+        for statement in TRIGGERS:
+            conn.execute(statement)
         conn.close()
 
 
@@ -125,7 +131,7 @@ def one_byte_changed(value: int | str | bytes, position: int, xor: int) -> int |
 def test_untouched_copy_verifies(base: tuple[Path, bytes | None], tmp_path: Path) -> None:
     path, key = base
     copy = copy_of(path, tmp_path)
-    attack(copy)  # dropping the triggers alone changes no event
+    attack(copy)  # dropping the triggers and putting them back changes no event
     with EventStore.open(copy, key=key) as store:
         assert store.verify().events == EVENTS
 
@@ -289,6 +295,30 @@ def test_forged_chain_with_a_gap_fails_verify_on_the_rules(tmp_path: Path, field
            *(("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", tuple(row)) for row in rows))
     failure = verify_fails_at(path, None)
     assert failure.seq == at and field in failure.reason
+
+
+@pytest.mark.parametrize(("at", "reason"), [
+    ("2025-01-01T00:00:00.000Z", "time ran backwards"),  # a year before the event before it
+    # The same instant as 2025-12-29, spelled so that it sorts after every 2026 time: not the store's form.
+    ("2026-W01-1T00:00:00.000Z", "not a time as the store writes one"),
+    ("2026-01-01T05:00:00.000+05:00", "not a time as the store writes one"),
+])
+def test_forged_chain_whose_time_runs_backwards_fails_verify(tmp_path: Path, at: str, reason: str) -> None:
+    path = tmp_path / "events.db"
+    build(path, None)
+    os.unlink(f"{path}.seal")
+    rows = [list(row) for row in rows_of(path)]
+    seq = 7
+    rows[seq - 1][4] = at
+    with EventStore.open(path) as store:
+        prev = chain.genesis(store.store_id)
+    for row in rows:  # every link valid: an unkeyed chain re-linked by the forger
+        row[6] = prev
+        row[7] = prev = chain.link(prev, row[0], row[1], row[2], row[3], row[4], row[5])
+    attack(path, ("DELETE FROM events", ()),
+           *(("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", tuple(row)) for row in rows))
+    failure = verify_fails_at(path, None)
+    assert failure.seq == seq and reason in failure.reason, failure
 
 
 # --- the seal: what the chain alone cannot see ---------------------------------------------------------

@@ -1,9 +1,11 @@
 """How the command line reaches a store: key files, opens that change nothing, and format checks.
 
 A file handed to the command line may be anything: random bytes, another program's database, a
-lifecycle-es store an attacker edited. Before any row is read, `open_store` checks that the tables
+lifecycle-es store an attacker edited. Before any row is read, the store's open checks that the tables
 are the store's own (STRICT, with the store's column types), so every value read back has the type
-the code expects and a hostile file fails with StoreFormatError, never deeper in the code.
+the code expects and a hostile file fails with StoreFormatError, never deeper in the code. Anything
+else that differs from the store's schema (a trigger, an index, a constraint, a meta key) does not
+stop a read-only open: `EventStore.schema_problems` lists it, and the audit reports each.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ import argparse
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from lifecycle_es import chain
-from lifecycle_es.errors import StoreFormatError, StoreKeyError
+from lifecycle_es.errors import StoreKeyError
 from lifecycle_es.files import (
     NOT_PRIVATE,
     TOO_LARGE,
@@ -27,18 +29,13 @@ from lifecycle_es.files import (
     text_path,
 )
 from lifecycle_es.seal import MAX_SEAL_BYTES
-from lifecycle_es.sqlite import STORE_TABLES, SqliteBackend, translated
+from lifecycle_es.sqlite import SqliteBackend
 from lifecycle_es.store import EventStore
 
 from .exits import EXIT_DATAERR, EXIT_IOERR, EXIT_NOINPUT, EXIT_USAGE, CommandError
 
 MAX_KEY_FILE_BYTES = 256
 BUSY_TIMEOUT_MS = 5000
-
-# The store's own tables, column by column (the store checks them on every open too). STRICT tables hold
-# exactly these types, so a row read back cannot surprise the code that reads it.
-TABLES = STORE_TABLES
-TRIGGERS = ("events_no_update", "events_no_delete")
 
 # Whoever gives a key believes the store keyed; one that says otherwise may have had its key id removed
 # and its chain and seal re-made without the key. Every command given a key refuses it the same way.
@@ -121,28 +118,6 @@ def require_file(path: str, what: str = "store", arg: str = "FILE") -> str:
     return path
 
 
-def check_tables(backend: SqliteBackend, tables: Sequence[str] = tuple(TABLES)) -> None:
-    """StoreFormatError unless each of `tables` is a STRICT table with exactly the store's columns."""
-    with translated("check the store's tables"):
-        for table in tables:
-            listed = backend.execute("SELECT strict FROM pragma_table_list WHERE schema = 'main' AND name = ?",
-                                     (table,))
-            if not listed:
-                raise StoreFormatError(f"{backend.path!r} has no {table!r} table: not a lifecycle-es store")
-            columns = tuple((name, str(declared).upper(), bool(notnull), bool(pk)) for name, declared, notnull, pk
-                            in backend.execute('SELECT name, type, "notnull", pk FROM pragma_table_info(?)', (table,)))
-            if listed[0][0] != 1 or columns != TABLES[table]:
-                raise StoreFormatError(f"{backend.path!r} has a {table!r} table that is not the store's "
-                                       "(columns or types differ): not a lifecycle-es store")
-
-
-def missing_triggers(store: EventStore) -> list[str]:
-    """The append-only triggers the file no longer has (whoever can write the file can drop them)."""
-    with translated("list triggers"):
-        present = {row[0] for row in store.backend.execute("SELECT name FROM sqlite_schema WHERE type = 'trigger'")}
-    return [name for name in TRIGGERS if name not in present]
-
-
 def open_store(path: str, *, key: bytes | None = None, seal: str | bool | None = None,
                need_key: bool = False) -> EventStore:
     """Open the store at `path` read-only, after checking that it is one.
@@ -155,9 +130,9 @@ def open_store(path: str, *, key: bytes | None = None, seal: str | bool | None =
     require_file(path)
     if isinstance(seal, str):
         require_file(seal, "seal", "--seal")
+    # The open checks the file's tables (a hostile one is StoreFormatError before any row is read).
     backend = SqliteBackend(path, durability="full", busy_timeout_ms=BUSY_TIMEOUT_MS, read_only=True)
     try:
-        check_tables(backend)
         keyed = backend.meta("key_id") is not None
         if key is not None and not keyed:
             raise CommandError(EXIT_DATAERR, DOWNGRADED.format(what="store"))

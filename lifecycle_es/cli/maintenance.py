@@ -16,7 +16,7 @@ from typing import Any
 
 from lifecycle_es.store import EventStore
 
-from .access import check_tables, open_store, read_key_file, require_file
+from .access import open_store, read_key_file, require_file
 from .exits import EXIT_OK, printable
 
 
@@ -49,8 +49,7 @@ def run_rebuild(args: argparse.Namespace) -> int:
     key = read_key_file(args.key_file) if args.key_file else None
     with open_store(args.file, key=key, need_key=True):
         pass  # the format, tables, key and seal are checked read-only before anything is written
-    with EventStore.open(args.file, key=key) as store:
-        check_tables(store.backend)
+    with EventStore.open(args.file, key=key) as store:  # a writer's open refuses a file whose schema was altered
         report = rebuild(store)
     print(printable(f"rebuilt {args.file} from {report.events:,} events: {report.runners:,} runners in the read "
                     f"models, {report.snapshots:,} snapshots, in {report.seconds:.2f} s"))

@@ -2,6 +2,9 @@
 
 What it proves, in one read transaction (one consistent view of the file):
 
+- the schema: exactly the store's (`EventStore.schema_problems`: no trigger, index or view added, none
+  dropped or redefined, no constraint gone, no meta key the store never writes); each difference is a
+  problem, for a writer would refuse the file;
 - the chain: seqs contiguous from 1 (and no row outside them), every ``prev`` link, every hash (a
   MAC in keyed mode);
 - the rules: every event replayed through ``lifecycle_es.replay.fold_row`` per stream, versions
@@ -29,13 +32,13 @@ from lifecycle_es.sqlite import translated
 from lifecycle_es.store import EventStore, RecordedEvent
 from projections import SnapshotCheck, check_read_models, read_model_position, read_model_tables
 
-from .access import missing_triggers
 from .exits import one_line
 from .jobs import Jobs, split
 from .render import Progress
 from .walk import Problem, Streams, Walked, walk
 
 MAX_PROBLEMS = 100
+MAX_SCHEMA_PROBLEMS = 10
 
 
 @dataclass
@@ -95,9 +98,14 @@ def audit(store: EventStore, *, key: bytes | None, jobs: int, seal_path: str | N
           progress: bool = True) -> AuditReport:
     """Audit the open `store` (read-only is enough); `jobs` > 1 walks the log in that many worker processes."""
     report = AuditReport(path=store.path, keyed=store.keyed)
-    report.warnings += [f"append-only trigger {name} is missing: the file was edited outside lifecycle-es"
-                        for name in missing_triggers(store)]
     with store.backend.read_tx("audit"):
+        schema = store.schema_problems()
+        # A few name it; the rest are counted, so that a file with thousands leaves room for the log's own.
+        for problem in schema[:MAX_SCHEMA_PROBLEMS]:
+            report.add(None, None, f"the store's schema was altered outside lifecycle-es: {problem}")
+        if len(schema) > MAX_SCHEMA_PROBLEMS:
+            report.add(None, None, f"the store's schema was altered outside lifecycle-es in "
+                                   f"{len(schema) - MAX_SCHEMA_PROBLEMS} more ways")
         head = store.head()
         report.head_seq = head.seq
         report.head_hash = head.hash.hex() if head.seq else None

@@ -7,8 +7,10 @@ sees that seqs run 1, 2, ... without a gap. A walker stops at its first problem;
 the log is the lowest any walker found.
 
 Chain: a row's ``prev`` must be the hash of the row before it (for the first row of a range, read from
-that row, which the walker of the range before proves), and its hash must be ``chain.link`` of its
-contents. Rules: each event of a runner goes through ``lifecycle_es.replay.fold_row`` with the runner's
+that row, which the walker of the range before proves), its hash must be ``chain.link`` of its
+contents, and its ``at`` a time as the store writes one, not earlier than the row before it. Rows are
+read in pages bounded by bytes as well as rows; a body beyond MAX_EVENT_BYTES is never loaded, and is
+the problem at its seq. Rules: each event of a runner goes through ``lifecycle_es.replay.fold_row`` with the runner's
 state, versions run 1, 2, ... per stream, and a stream's first event names its own runner.
 """
 
@@ -23,7 +25,7 @@ from lifecycle_es.backend import Backend, Row
 from lifecycle_es.errors import IntegrityError, LifecycleError
 from lifecycle_es.replay import fold_row
 from lifecycle_es.runner import RunnerState
-from lifecycle_es.store import PAGE
+from lifecycle_es.store import AT_SEPARATORS, time_problem
 
 # Per stream, as the walk goes: (state, version, seq of its last event): the shape the read-model check takes.
 Streams = dict[str, tuple[RunnerState, int, int]]
@@ -68,15 +70,13 @@ def walk(backend: Backend, store_id: bytes, key: bytes | None, *, head: int, cha
     captured: Streams | None = {} if position == 0 else None
     at_snapshots: list[tuple[Row, RunnerState]] = []
     mine: dict[str, bool] = {}
-    link, rows_after = chain.link, backend.rows
+    link = chain.link
     prev = chain.genesis(store_id, key)  # the hash before seq 1; then always the last row's hash
+    prev_at = ""  # and the at before it
     expected = 1
     try:
-        while expected <= head:
-            # Text that is not UTF-8 comes back as the IntegrityError of its row (the backend's doing).
-            rows = rows_after(after=expected - 1, stream=None, limit=min(PAGE, head - expected + 1))
-            if not rows:
-                raise IntegrityError(expected, f"seq {expected} is missing (a gap or a truncation)")
+        # Text that is not UTF-8, or a body beyond the bound, comes back as the IntegrityError of its row.
+        for rows in backend.pages(after=0, stream=None, limit=head):
             for row in rows:
                 seq, stream, version, type_, at, body, row_prev, digest = row
                 if seq != expected:
@@ -88,7 +88,9 @@ def walk(backend: Backend, store_id: bytes, key: bytes | None, *, head: int, cha
                                              stream=stream)
                     if link(prev, seq, stream, version, type_, at, body, key) != digest:
                         raise IntegrityError(seq, "hash does not match the event's contents", stream=stream)
-                prev = digest
+                    if at < prev_at or len(at) != 24 or at[23] != "Z" or at[4:20:3] != AT_SEPARATORS:
+                        raise time_problem(seq, stream, at, prev_at)
+                prev, prev_at = digest, at
                 expected += 1
                 ours = mine.get(stream)
                 if ours is None:
@@ -99,6 +101,8 @@ def walk(backend: Backend, store_id: bytes, key: bytes | None, *, head: int, cha
                     captured = dict(streams)
             if progress is not None:
                 progress(expected - 1)
+        if expected <= head:
+            raise IntegrityError(expected, f"seq {expected} is missing (a gap or a truncation)")
     except IntegrityError as exc:
         return Walked(Problem(exc.seq, exc.stream, exc.reason), streams, captured, at_snapshots, expected - 1)
     except LifecycleError as exc:  # a store error mid-read: tie it to the row being read
