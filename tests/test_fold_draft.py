@@ -40,7 +40,8 @@ def at_ms(at: str) -> int:
 
 def recorded(log: list[tuple[int, Event]]) -> Iterator[RecordedEvent]:
     for seq, (at_ms, event) in enumerate(log, 1):
-        yield RecordedEvent(seq, "runner-1", seq, type_of(event), iso_ms(at_ms), encode(event), bytes(32),
+        stream = log[0][1].runner_id if isinstance(log[0][1], RunnerInitialized) else "runner-1"
+        yield RecordedEvent(seq, stream, seq, type_of(event), iso_ms(at_ms), encode(event), bytes(32),
                             bytes(32), event=event)
 
 

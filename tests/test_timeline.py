@@ -50,7 +50,8 @@ def scripted_life(path: Path) -> tuple[dict[str, int], list[str]]:
                                          proxy_authority=authority(clock, 1)).lease
             leases.append(lease)
             clock.advance(200)
-            unit = UnitRecord(mode="child", host="h", boot_id="b", run_dir=f"/r/{lease.id}", pid=100 + n)
+            unit = UnitRecord(mode="child", host="h", boot_id="b", run_dir=f"/r/{lease.id}", pid=100 + n,
+                              start_ticks=1000 + n)
             store.append("runner-a", [UnitStarting(lease_id=lease.id, lease_generation=1, mode="child",
                                                    run_dir=f"/r/{lease.id}"),
                                       UnitStarted(lease_id=lease.id, lease_generation=1, handle=unit)])
@@ -73,7 +74,7 @@ def scripted_life(path: Path) -> tuple[dict[str, int], list[str]]:
         clock.advance(30_000)
         runner.park_expired_drain(expected_generation=3)
         seqs["runner_parked"] = store.head().seq
-        store.append("runner-a", [UnitStopped(lease_id=three.id, reason="parked")])
+        store.append("runner-a", [UnitStopped(lease_id=three.id, reason="lease-ended")])
         clock.advance(1000)
         runner.authorize_post_session_hook(expected_runner_generation=4, lease_id=two.id, lease_generation=1,
                                            result_digest=DIGEST, hook_digest=HOOK)
