@@ -18,6 +18,8 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 Row = tuple[int, str, int, str, str, bytes, bytes, bytes]
+# What an append reads under the lock: (stream version, head seq, head hash, head at).
+Tail = tuple[int, int, bytes | None, str | None]
 
 MAX_EVENT_BYTES = 512 * 1024
 PAGE_ROWS = 2000

@@ -1,114 +1,33 @@
-"""The SQLite backend: the one module that speaks apsw (with ``sqlite_schema.py``, its schema).
+"""The SQLite backend: one apsw connection to one store file, behind `Backend` (see ``backend.py``).
 
-Everything SQLite-specific lives here behind `Backend` (see ``backend.py``): the pragma profile (each
-setting a small named function, set and read back), the write transaction that always begins
-IMMEDIATE, reads paged by rows and bytes, inserts read back before they are acknowledged, and the
-translation of apsw errors into StoreError kinds, most specific first. The schema, its migration
-ladder and the checks that a file holds it exactly are in ``sqlite_schema.py``. A PostgreSQL backend
-implements the same interface.
+This module holds the connection, the write transaction that always begins IMMEDIATE, reads paged
+by rows and bytes, inserts read back before they are acknowledged, and the named queries the store,
+the projections and the audit need. Its other ideas sit beside it, the only other modules that speak
+SQL: ``sqlite_schema`` (the schema, its migrations and the exact check), ``sqlite_profile`` (the
+pragma profile), ``sqlite_files`` (which files may be opened, how a store file is born),
+``sqlite_read_models`` (the read models' tables) and ``sqlite_errors`` (apsw errors as StoreErrors).
+A PostgreSQL backend implements the same interface.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import stat
 import urllib.parse
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import apsw
 
-from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS
-from .errors import (
-    IntegrityError,
-    StoreBusyError,
-    StoreError,
-    StoreFencedError,
-    StoreFormatError,
-    StoreFullError,
-    StoreIOError,
-    StorePragmaError,
-)
-from .sqlite_schema import (
-    APPLICATION_ID,
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    check_format,
-    check_tables,
-    migrate,
-    schema_problems,
-)
+from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Row, Tail
+from .errors import IntegrityError, StoreFencedError, StoreFormatError, StoreIOError
+from .sqlite_errors import SYNC_FAILURES, translated, translation
+from .sqlite_files import ROW_COLUMNS, check_path, create_file, read_only_fs
+from .sqlite_profile import _expect, _pragma, apply_profile, apply_read_profile, set_busy_timeout
+from .sqlite_read_models import ReadModelTables
+from .sqlite_schema import APPLICATION_ID, SCHEMA_VERSION, check_format, check_tables, migrate, schema_problems
 
-DURABILITY = {"full": 2, "normal": 1}
-# A failed fsync leaves a commit's outcome unknown (its frames may be on the disk): never retried.
-SYNC_FAILURES = frozenset({apsw.SQLITE_IOERR_FSYNC, apsw.SQLITE_IOERR_DIR_FSYNC})
-
-Row = tuple[int, str, int, str, str, bytes, bytes, bytes]
-# What an append reads under the lock: (stream version, head seq, head hash, head at).
-Tail = tuple[int, int, bytes | None, str | None]
-ROW_COLUMNS = "seq, stream, version, type, at, body, prev, hash"
 TEXT_COLUMNS = ("stream", "type", "at")
-
-def translation(action: str, exc: apsw.Error) -> StoreError:
-    """The StoreError kind of an apsw error, most specific first (the only place that maps them)."""
-    if isinstance(exc, apsw.BusyError):
-        return StoreBusyError(f"{action}: the store is locked by another writer (busy timeout passed)")
-    if isinstance(exc, apsw.FullError):
-        return StoreFullError(f"{action}: the disk is full")
-    if isinstance(exc, apsw.NotADBError | apsw.CorruptError):
-        return StoreFormatError(f"{action}: the file is not a valid SQLite database ({exc})")
-    if isinstance(exc, apsw.ReadOnlyError):
-        return StoreIOError(f"{action}: the store is read-only ({exc})")
-    if isinstance(exc, apsw.IOError | apsw.CantOpenError | apsw.PermissionsError):
-        return StoreIOError(f"{action}: {exc}")
-    if isinstance(exc, apsw.ConstraintError):
-        return StoreError(f"{action}: constraint refused the write ({exc})")
-    return StoreError(f"{action}: {exc}")
-
-
-class translated:  # lower case: it reads as the function it replaced, ``with translated(action):``
-    """Translate apsw errors raised inside into StoreError kinds; anything else passes unchanged.
-
-    A class, not a ``@contextmanager`` generator: an append enters several of these, and a generator
-    costs a few microseconds each to make, enter and leave.
-    """
-
-    __slots__ = ("action",)
-
-    def __init__(self, action: str) -> None:
-        self.action = action
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
-        if isinstance(exc, apsw.Error):
-            raise translation(self.action, exc) from exc
-        return False
-
-
-def check_path(path: str) -> bool:
-    """Whether `path` exists as a regular file; refuse links, directories and devices."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        parent = os.path.dirname(path) or "."
-        if not os.path.isdir(parent):
-            raise StoreIOError(f"cannot create store {path!r}: directory {parent!r} does not exist") from None
-        return False
-    except OSError as exc:
-        raise StoreIOError(f"cannot open store {path!r}: {exc.strerror}") from exc
-    if stat.S_ISLNK(info.st_mode):
-        raise StoreFormatError(f"store path {path!r} is a symbolic link; open the file it names instead")
-    if stat.S_ISDIR(info.st_mode):
-        raise StoreFormatError(f"store path {path!r} is a directory, not a store file")
-    if not stat.S_ISREG(info.st_mode):
-        raise StoreFormatError(f"store path {path!r} is not a regular file")
-    if info.st_size == 0:
-        raise StoreFormatError(f"store file {path!r} is empty: not a lifecycle-es store")
-    return True
-
 
 _INSERT = f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 # What an insert left in the file: the head's seq and hash (one seek), and how many rows lie after the head
@@ -125,82 +44,7 @@ _HEAD_AT = "SELECT at FROM events ORDER BY seq DESC LIMIT 1"
 _PAGE_COLUMNS = f"seq, stream, version, type, at, iif(length(body) > {MAX_EVENT_BYTES}, NULL, body), prev, hash"
 
 
-# --- the pragma profile: each setting a small named function, read back after it is set -------------
-
-
-def _pragma(conn: apsw.Connection, name: str) -> Any:
-    return conn.execute(f"PRAGMA {name}").fetchall()[0][0]
-
-
-def _expect(conn: apsw.Connection, name: str, wanted: Any) -> None:
-    got = _pragma(conn, name)
-    if got != wanted:
-        raise StorePragmaError(name, wanted, got)
-
-
-def set_journal_mode_wal(conn: apsw.Connection) -> None:
-    """WAL: readers never block the writer, and a commit is one append to the -wal file."""
-    got = conn.execute("PRAGMA journal_mode=wal").fetchall()[0][0]
-    if str(got).lower() != "wal":
-        raise StorePragmaError("journal_mode", "wal", got)
-
-
-def set_synchronous(conn: apsw.Connection, durability: str) -> None:
-    """FULL syncs the WAL on every commit; NORMAL may lose the last commits on power loss (not on a crash)."""
-    conn.execute(f"PRAGMA synchronous={DURABILITY[durability]}")
-    _expect(conn, "synchronous", DURABILITY[durability])
-
-
-def set_foreign_keys(conn: apsw.Connection) -> None:
-    """Foreign keys on, so read models that reference each other stay consistent."""
-    conn.execute("PRAGMA foreign_keys=ON")
-    _expect(conn, "foreign_keys", 1)
-
-
-def set_busy_timeout(conn: apsw.Connection, busy_timeout_ms: int) -> None:
-    """How long a writer waits for the lock before StoreBusyError."""
-    conn.set_busy_timeout(busy_timeout_ms)
-    _expect(conn, "busy_timeout", busy_timeout_ms)
-
-
-def set_trusted_schema_off(conn: apsw.Connection) -> None:
-    """A hostile file's schema may not call functions with side effects from views or triggers."""
-    conn.execute("PRAGMA trusted_schema=OFF")
-    _expect(conn, "trusted_schema", 0)
-
-
-def set_recursive_triggers(conn: apsw.Connection) -> None:
-    """Recursive triggers on, so INSERT OR REPLACE cannot overwrite an event.
-
-    Only with them on does the row deletion a REPLACE makes fire the append-only trigger.
-    """
-    conn.execute("PRAGMA recursive_triggers=ON")
-    _expect(conn, "recursive_triggers", 1)
-
-
-def apply_profile(conn: apsw.Connection, *, durability: str, busy_timeout_ms: int) -> None:
-    """Set every pragma of the profile and read each one back; StorePragmaError on a mismatch."""
-    set_busy_timeout(conn, busy_timeout_ms)
-    set_trusted_schema_off(conn)
-    set_journal_mode_wal(conn)
-    set_synchronous(conn, durability)
-    set_foreign_keys(conn)
-    set_recursive_triggers(conn)
-
-
-def apply_read_profile(conn: apsw.Connection, *, busy_timeout_ms: int, immutable: bool = False) -> None:
-    """The profile of a read-only connection: nothing is changed on the file, WAL must already be on.
-
-    An immutable open (read-only media, no -wal) reads journal_mode as "delete" whatever the header
-    says; the check guards the durability of writes, and no write can happen there.
-    """
-    set_busy_timeout(conn, busy_timeout_ms)
-    set_trusted_schema_off(conn)
-    if not immutable:
-        _expect(conn, "journal_mode", "wal")
-
-
-class SqliteBackend:
+class SqliteBackend(ReadModelTables):
     """One apsw connection to one store file, with the write transaction and the queries the store needs."""
 
     def __init__(self, path: str, *, durability: str, busy_timeout_ms: int, vfs: str | None = None,
@@ -225,7 +69,7 @@ class SqliteBackend:
         if not exists:
             if read_only:
                 raise StoreIOError(f"store {path!r} does not exist")
-            self._create(path, vfs)
+            create_file(path, vfs)
         with translated(f"open {path!r}"):
             self.conn = self._connect(path, vfs, read_only)
         try:
@@ -281,65 +125,6 @@ class SqliteBackend:
         flags = apsw.SQLITE_OPEN_NOFOLLOW | apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI
         return apsw.Connection(uri, flags=flags, vfs=vfs)
 
-    @staticmethod
-    def _create(path: str, vfs: str | None, *, store_id: bytes | None = None, key_id: str | None = None,
-                rows: Iterable[Row] = (), exclusive: bool = False) -> None:
-        """Create a new store atomically: built under a temporary name, then linked into place.
-
-        No one ever sees a half-made file at `path`, and two processes creating the same store at
-        once end with one of them opening the other's. A non-empty ``<path>-wal`` with no file at `path`
-        is the WAL of a store removed underneath a process that then died: SQLite would replay its pages
-        into the new file, so creating is refused (StoreFormatError) until it is removed.
-        `store_id`, `key_id`, `rows` and `exclusive` serve `create_store` (see there).
-        """
-        _refuse_orphan_wal(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        temp = os.path.join(directory, f".{os.path.basename(path)}.creating-{os.getpid()}-{os.urandom(4).hex()}")
-        try:
-            fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
-            os.close(fd)
-        except OSError as exc:
-            raise StoreIOError(f"cannot create store {path!r}: {exc.strerror}") from exc
-        try:
-            with translated(f"create {path!r}"):
-                conn = apsw.Connection(temp, flags=apsw.SQLITE_OPEN_READWRITE, vfs=vfs)
-                try:
-                    conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
-                    conn.execute("PRAGMA journal_mode=delete")
-                    conn.execute("BEGIN IMMEDIATE")
-                    for version in range(1, SCHEMA_VERSION + 1):
-                        for statement in MIGRATIONS[version]:
-                            conn.execute(statement)
-                    conn.execute("INSERT INTO meta (key, value) VALUES ('store_id', ?)",
-                                 (store_id if store_id is not None else os.urandom(16),))
-                    if key_id is not None:
-                        conn.execute("INSERT INTO meta (key, value) VALUES ('key_id', ?)", (key_id.encode(),))
-                    conn.executemany(f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
-                    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-                    conn.execute("COMMIT")
-                    # Born in WAL mode (the header keeps it; closing folds the -wal back in): openers never
-                    # convert it, and a journal-mode change is the one lock SQLite may refuse at once,
-                    # without waiting, when several processes open a new store together.
-                    set_journal_mode_wal(conn)
-                finally:
-                    conn.close()
-            fd = os.open(temp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.link(temp, path)
-            except FileExistsError:
-                if exclusive:
-                    raise StoreIOError(f"cannot create store {path!r}: a file exists there") from None
-            _fsync_dir(directory)
-        except OSError as exc:
-            raise StoreIOError(f"cannot create store {path!r}: {exc.strerror}") from exc
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-
     def schema_problems(self) -> list[str]:
         """How the file's schema differs from the store's (see `sqlite_schema.schema_deviations`); empty when exact."""
         with translated("check the store's schema"):
@@ -364,9 +149,9 @@ class SqliteBackend:
 
     # --- transactions -------------------------------------------------------------------------------
 
-    def write(self, action: str) -> _WriteTransaction:
+    def write(self, action: str) -> _SqliteTransaction:
         """A write transaction that begins IMMEDIATE (the lock is had before anything is read)."""
-        return _WriteTransaction(self, action)
+        return _SqliteTransaction(self, action)
 
     @contextlib.contextmanager
     def read_tx(self, action: str) -> Iterator[apsw.Connection]:
@@ -612,6 +397,18 @@ class SqliteBackend:
             " state = excluded.state, event_hash = excluded.event_hash",
             (stream, version, seq, state, event_hash))
 
+    def snapshot_positions(self) -> list[tuple[str, int]]:
+        """(stream, seq) of every stored snapshot, by seq (snapshots of streams the log lacks included)."""
+        with translated("list snapshots"):
+            return [(row[0], row[1]) for row in self.conn.execute("SELECT stream, seq FROM snapshots ORDER BY seq")]
+
+    def seq_bounds(self) -> tuple[int, int | None]:
+        """How many rows the events table holds, and its lowest seq (None when empty): a walk that reads
+        seq 1, 2, ... sees a row moved outside that range only through these."""
+        with translated("count events"):
+            (count, lowest), = self.conn.execute("SELECT count(*), min(seq) FROM events").fetchall()
+        return int(count), lowest
+
     def clear_snapshots(self) -> None:
         """Delete every snapshot (inside a write transaction); they are a cache the log rebuilds."""
         self.conn.execute("DELETE FROM snapshots")
@@ -647,7 +444,7 @@ class SqliteBackend:
             return True
 
 
-class _WriteTransaction:
+class _SqliteTransaction:
     """`SqliteBackend.write`: BEGIN IMMEDIATE, then COMMIT, or ROLLBACK when the block raised.
 
     A class rather than a generator for the same reason as `translated`. A failed fsync at COMMIT
@@ -704,45 +501,3 @@ class _WriteTransaction:
         return False
 
 
-def create_store(path: str, *, store_id: bytes, key_id: str | None, rows: Iterable[Row]) -> None:
-    """Create a new store file at `path` that holds `rows` exactly, under the given store id and key id.
-
-    For restoring an export (``lifecycle-es import``): the rows were chained under `store_id` (their
-    first ``prev`` derives from it), so they go in as they are, never re-chained, and the caller
-    verifies the chain before and after. The file is built under a temporary name and linked into place
-    once every row is in: `path` ends up holding all of them or nothing is there. A file already at
-    `path` raises StoreIOError and is left alone; an exception raised by `rows` propagates.
-    """
-    if os.path.lexists(path):
-        raise StoreIOError(f"cannot create store {path!r}: a file exists there")
-    SqliteBackend._create(path, None, store_id=store_id, key_id=key_id, rows=rows, exclusive=True)
-
-
-def _refuse_orphan_wal(path: str) -> None:
-    wal = path + "-wal"
-    try:
-        orphan = os.stat(wal).st_size > 0
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise StoreIOError(f"cannot create store {path!r}: cannot check {wal!r} ({exc.strerror})") from exc
-    # Checked after the WAL: a creator racing us links `path` before its WAL exists, so it is seen here.
-    if orphan and not os.path.lexists(path):
-        raise StoreFormatError(f"{wal!r} exists without its store {path!r} (a store removed while in use?); "
-                               "restore the store or remove the WAL before creating a new one")
-
-
-def read_only_fs(path: str) -> bool:
-    """Whether the file system holding `path` is mounted read-only."""
-    try:
-        return bool(os.statvfs(os.path.dirname(path) or ".").f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -46,7 +46,8 @@ from .errors import (
 from .events import Event, decode, encode_all, type_of
 from .files import text_path as _text_path
 from .seal import Seal, check_seal, read_seal, write_seal
-from .sqlite import DURABILITY, SqliteBackend
+from .sqlite import SqliteBackend
+from .sqlite_profile import DURABILITY
 from .values import safe_id, safe_int, shown
 
 PAGE = PAGE_ROWS
@@ -465,7 +466,7 @@ class EventStore:
                 if progress is not None and expected % 10_000 == 0:
                     progress(expected - 1)
             # read() walks seq 1, 2, ...; a row moved to seq <= 0 would sit outside that walk unseen.
-            (count, lowest), = self._backend.execute("SELECT count(*), min(seq) FROM events")
+            count, lowest = self._backend.seq_bounds()
             if count != expected - 1:
                 raise IntegrityError(expected, f"the log holds {count} events but its chain only {expected - 1}: "
                                                f"an event lies outside it (lowest seq {lowest})")

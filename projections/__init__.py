@@ -4,7 +4,6 @@
   the commands obey (``lifecycle_es.runner.apply``); state as of any seq.
 - `attach(store)`: SQL read models ``runners`` and ``leases``, written in the event transaction.
 - `rebuild(store)`: drop and rebuild snapshots and read models from the log alone.
-- `SnapshotCheck`, `check_read_models`: what the audit uses to prove the caches equal a replay.
 """
 
 from lifecycle_es.receipts import project
@@ -18,10 +17,9 @@ from .read_models import (
     ReadModels,
     attach,
     read_lease_rows,
-    read_model_tables,
     read_runner_rows,
 )
-from .rebuild import RebuildReport, SnapshotCheck, check_read_models, read_model_position, rebuild
+from .rebuild import RebuildReport, rebuild
 
 __all__ = [
     "LEASE_COLUMNS",
@@ -29,18 +27,14 @@ __all__ = [
     "FleetView",
     "ReadModels",
     "RebuildReport",
-    "SnapshotCheck",
     "apply",
     "attach",
-    "check_read_models",
     "fleet",
     "fleet_of",
     "fold",
     "load",
     "project",
     "read_lease_rows",
-    "read_model_position",
-    "read_model_tables",
     "read_runner_rows",
     "rebuild",
     "replay",

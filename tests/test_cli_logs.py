@@ -25,7 +25,7 @@ from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle,
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.cli.jobs import MIN_RANGE_EVENTS
 from lifecycle_es.events import RUNNER_SCHEMA, LeaseAcquired, LeaseSettled, RunnerInitialized
-from lifecycle_es.sqlite import MIGRATIONS
+from lifecycle_es.sqlite_schema import MIGRATIONS
 from projections import attach, rebuild, replay
 
 CLI = shutil.which("lifecycle-es", path=os.path.dirname(sys.executable))

@@ -52,7 +52,7 @@ from test_cli_logs import build_long
 
 from lifecycle_es import EventStore, IntegrityError, ProxyAuthority, Resources, RunnerLifecycle, chain
 from lifecycle_es.canonical import iso_ms
-from lifecycle_es.sqlite import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
+from lifecycle_es.sqlite_schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 from lifecycle_es.testing import FakeClock, SequentialIds
 from projections import attach
 

@@ -28,6 +28,7 @@ import pytest
 
 import projections
 from lifecycle_es import EventStore, RunnerLifecycle
+from lifecycle_es.caches import check_read_models
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import (
     DrainExpired,
@@ -275,7 +276,7 @@ def test_racing_processes_fence_every_generation_and_lose_nothing(race: Race) ->
     states = {}
     for recorded, state in projections.replay_all(store):
         states[recorded.stream] = (state, recorded.version, recorded.seq)
-    assert projections.check_read_models(store, states) == []
+    assert check_read_models(store, states) == []
     # Every worker's own handle, caught up, sees the same runner.
     outcomes, events = race.run("snapshot", {})
     assert events == []

@@ -32,6 +32,7 @@ from hypothesis.stateful import (
 
 import projections
 from lifecycle_es import EventStore, LifecycleError, RunnerLifecycle, runner
+from lifecycle_es.caches import SnapshotCheck, check_read_models
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import DrainRequested, RunnerParked
 from lifecycle_es.preflight import preflight_writable_directory
@@ -422,14 +423,14 @@ class LifecycleMachine(RuleBasedStateMachine):
             return
         store = self.stores[0]
         store.verify()
-        check = projections.SnapshotCheck(store)
+        check = SnapshotCheck(store)
         states = {}
         for recorded, state in projections.replay_all(store):
             check.observe(recorded, state)
             states[recorded.stream] = (state, recorded.version, recorded.seq)
         assert check.finish() == []
-        assert projections.read_model_position(store) == store.head().seq
-        assert projections.check_read_models(store, states) == []
+        assert store.backend.read_model_position() == store.head().seq
+        assert check_read_models(store, states) == []
 
     @invariant()
     def the_runner_obeys_the_seeds_laws(self) -> None:

@@ -20,16 +20,14 @@ import msgspec
 import pytest
 
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle, RunnerState
+from lifecycle_es.caches import SnapshotCheck, check_read_models
 from lifecycle_es.errors import StaleFenceError, StoreKeyError
 from lifecycle_es.receipts import project
 from lifecycle_es.replay import TAG_BYTES, load, snapshot_blob, snapshot_of
 from lifecycle_es.runner import apply, encode_state
 from projections import (
-    SnapshotCheck,
     attach,
-    check_read_models,
     fleet,
-    read_model_position,
     rebuild,
     replay,
     replay_all,
@@ -154,7 +152,7 @@ def mixed(tmp_path: Path) -> Iterator[Fleet]:
 
 def test_read_models_equal_a_replay_after_mixed_commands(mixed: Fleet) -> None:
     store = mixed.store
-    assert read_model_position(store) == store.head().seq
+    assert store.backend.read_model_position() == store.head().seq
     states = replayed(store)
     assert sorted(states) == sorted(RUNNERS)
     assert check_read_models(store, states) == []
@@ -227,9 +225,9 @@ def test_read_models_catch_up_on_attach(tmp_path: Path) -> None:
     fleet_ = open_fleet(tmp_path)
     with fleet_.store:
         run_mixed_commands(fleet_)  # no read models attached while the log grew
-        assert read_model_position(fleet_.store) is None
+        assert fleet_.store.backend.read_model_position() is None
         attach(fleet_.store)
-        assert read_model_position(fleet_.store) == fleet_.store.head().seq
+        assert fleet_.store.backend.read_model_position() == fleet_.store.head().seq
         assert check_read_models(fleet_.store, replayed(fleet_.store)) == []
 
 
@@ -243,10 +241,10 @@ def test_read_models_catch_up_on_the_next_append_after_another_writer(tmp_path: 
         theirs = fleet_.handle("runner-b", store=other)
         theirs.initialize()
         theirs.acquire_lease(session_id="session-1", expected_generation=1, proxy_authority=fleet_.proxy())
-        assert read_model_position(fleet_.store) == 1 < fleet_.store.head().seq
+        assert fleet_.store.backend.read_model_position() == 1 < fleet_.store.head().seq
         # The next append through the attached store folds in the events it missed, in its transaction.
         mine.request_drain(expected_generation=1)
-        assert read_model_position(fleet_.store) == fleet_.store.head().seq == 5
+        assert fleet_.store.backend.read_model_position() == fleet_.store.head().seq == 5
         assert check_read_models(fleet_.store, replayed(fleet_.store)) == []
 
 
@@ -272,7 +270,7 @@ def test_rebuild_after_dropped_read_models_and_corrupted_snapshots(mixed: Fleet)
     report = rebuild(store)
     assert (report.events, report.runners) == (store.head().seq, len(RUNNERS))
     assert report.snapshots == len(RUNNERS)
-    assert read_model_position(store) == store.head().seq
+    assert store.backend.read_model_position() == store.head().seq
     assert check_read_models(store, replayed(store)) == []
     check = SnapshotCheck(store)
     for recorded, state in replay_all(store):

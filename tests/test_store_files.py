@@ -37,7 +37,8 @@ from lifecycle_es import (
 )
 from lifecycle_es.canonical import canonical_bytes, iso_ms
 from lifecycle_es.events import ReclaimCompleted, RunnerParked, encode
-from lifecycle_es.sqlite import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, apply_profile, set_foreign_keys
+from lifecycle_es.sqlite_profile import apply_profile, set_foreign_keys
+from lifecycle_es.sqlite_schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))

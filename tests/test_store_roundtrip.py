@@ -38,7 +38,7 @@ from lifecycle_es.events import (
     encode,
     type_of,
 )
-from lifecycle_es.sqlite import MIGRATIONS
+from lifecycle_es.sqlite_schema import MIGRATIONS
 from lifecycle_es.values import ID_RE
 
 ModelRow = tuple[int, str, int, str, str, bytes]

@@ -32,7 +32,7 @@ from lifecycle_es import (
     chain,
 )
 from lifecycle_es.events import Event, LeaseSettled, ReclaimCompleted, RunnerParked, encode, type_of
-from lifecycle_es.sqlite import MIGRATIONS
+from lifecycle_es.sqlite_schema import MIGRATIONS
 
 TRIGGERS = [statement for statement in MIGRATIONS[1] if statement.startswith("CREATE TRIGGER")]
 KEY = bytes(range(32))

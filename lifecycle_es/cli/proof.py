@@ -26,11 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lifecycle_es.caches import SnapshotCheck, check_read_models
 from lifecycle_es.errors import LifecycleError, StoreBehindSealError
 from lifecycle_es.runner import LEASE_STATUSES, STATES
-from lifecycle_es.sqlite import translated
+from lifecycle_es.sqlite_errors import translated
 from lifecycle_es.store import EventStore, RecordedEvent
-from projections import SnapshotCheck, check_read_models, read_model_position, read_model_tables
 
 from .exits import one_line
 from .jobs import Jobs, split
@@ -109,17 +109,15 @@ def audit(store: EventStore, *, key: bytes | None, jobs: int, seal_path: str | N
         head = store.head()
         report.head_seq = head.seq
         report.head_hash = head.hash.hex() if head.seq else None
-        with translated("look for events outside the chain"):
-            ((lowest,),) = store.backend.execute("SELECT min(seq) FROM events")
+        _, lowest = store.backend.seq_bounds()
         if lowest is not None and lowest < 1:
             # A walk reads seq 1, 2, ...: a row at seq <= 0 lies outside every walk and every hash.
             report.add(lowest, None, f"an event lies outside the chain, at seq {lowest}")
             return report
         snapshots = SnapshotCheck(store)
-        position = read_model_position(store)
-        with translated("list snapshots"):
-            # Only the events a snapshot was taken at need their state handed back for the snapshot check.
-            snapshot_seqs = {row[0] for row in store.backend.execute("SELECT seq FROM snapshots")}
+        position = store.backend.read_model_position()
+        # Only the events a snapshot was taken at need their state handed back for the snapshot check.
+        snapshot_seqs = {seq for _, seq in store.backend.snapshot_positions()}
         ranges = split(head.seq, jobs) if jobs > 1 else []
         report.jobs = len(ranges) if len(ranges) > 1 else 1
         bar = Progress("audit", head.seq) if progress else None
@@ -190,12 +188,12 @@ def _check_caches(store: EventStore, report: AuditReport, snapshots: SnapshotChe
             report.warnings += snapshots.warnings
             # SnapshotCheck looks up the snapshots of the log's streams; one of a stream the log does not
             # have would be loaded by nobody, but it is not the replay's either.
-            for stream, seq in store.backend.execute("SELECT stream, seq FROM snapshots ORDER BY seq"):
+            for stream, seq in store.backend.snapshot_positions():
                 if stream not in streams:
                     report.add(seq, stream, f"snapshot of {stream!r}, a runner the log does not have")
         report.snapshots_checked = snapshots.checked
         with translated("check read models"):
-            tables = read_model_tables(store)
+            tables = store.backend.read_model_tables()
         if not tables:
             return
         # Every row is compared with a replay, whatever the position table says or lacks: as of the position

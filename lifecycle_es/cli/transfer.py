@@ -24,7 +24,7 @@ from lifecycle_es import chain
 from lifecycle_es.backend import Row
 from lifecycle_es.errors import StoreKeyError
 from lifecycle_es.files import text_path
-from lifecycle_es.sqlite import create_store
+from lifecycle_es.sqlite_files import create_store
 from lifecycle_es.store import EventStore
 
 from .access import DOWNGRADED, input_file, open_store, read_key_file, require_file

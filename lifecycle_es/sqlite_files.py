@@ -1,0 +1,149 @@
+"""The SQLite backend's files: what may be opened as a store, and how a new store file is born.
+
+A store file must be a regular file (never a link, a directory or a device). A new one is built under
+a temporary name, already in WAL mode with its whole schema, fsynced, and linked into place, so no one
+ever sees a half-made store; an orphaned ``-wal`` (of a store removed while in use) refuses creation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Iterable
+
+import apsw
+
+from .backend import Row
+from .errors import StoreFormatError, StoreIOError
+from .sqlite_errors import translated
+from .sqlite_profile import set_journal_mode_wal
+from .sqlite_schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
+
+ROW_COLUMNS = "seq, stream, version, type, at, body, prev, hash"
+"""The events table's columns in a row's order."""
+
+
+def check_path(path: str) -> bool:
+    """Whether `path` exists as a regular file; refuse links, directories and devices."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(path) or "."
+        if not os.path.isdir(parent):
+            raise StoreIOError(f"cannot create store {path!r}: directory {parent!r} does not exist") from None
+        return False
+    except OSError as exc:
+        raise StoreIOError(f"cannot open store {path!r}: {exc.strerror}") from exc
+    if stat.S_ISLNK(info.st_mode):
+        raise StoreFormatError(f"store path {path!r} is a symbolic link; open the file it names instead")
+    if stat.S_ISDIR(info.st_mode):
+        raise StoreFormatError(f"store path {path!r} is a directory, not a store file")
+    if not stat.S_ISREG(info.st_mode):
+        raise StoreFormatError(f"store path {path!r} is not a regular file")
+    if info.st_size == 0:
+        raise StoreFormatError(f"store file {path!r} is empty: not a lifecycle-es store")
+    return True
+
+
+def create_file(path: str, vfs: str | None, *, store_id: bytes | None = None, key_id: str | None = None,
+            rows: Iterable[Row] = (), exclusive: bool = False) -> None:
+    """Create a new store atomically: built under a temporary name, then linked into place.
+
+    No one ever sees a half-made file at `path`, and two processes creating the same store at
+    once end with one of them opening the other's. A non-empty ``<path>-wal`` with no file at `path`
+    is the WAL of a store removed underneath a process that then died: SQLite would replay its pages
+    into the new file, so creating is refused (StoreFormatError) until it is removed.
+    `store_id`, `key_id`, `rows` and `exclusive` serve `create_store` (see there).
+    """
+    _refuse_orphan_wal(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    temp = os.path.join(directory, f".{os.path.basename(path)}.creating-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+    except OSError as exc:
+        raise StoreIOError(f"cannot create store {path!r}: {exc.strerror}") from exc
+    try:
+        with translated(f"create {path!r}"):
+            conn = apsw.Connection(temp, flags=apsw.SQLITE_OPEN_READWRITE, vfs=vfs)
+            try:
+                conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                conn.execute("PRAGMA journal_mode=delete")
+                conn.execute("BEGIN IMMEDIATE")
+                for version in range(1, SCHEMA_VERSION + 1):
+                    for statement in MIGRATIONS[version]:
+                        conn.execute(statement)
+                conn.execute("INSERT INTO meta (key, value) VALUES ('store_id', ?)",
+                             (store_id if store_id is not None else os.urandom(16),))
+                if key_id is not None:
+                    conn.execute("INSERT INTO meta (key, value) VALUES ('key_id', ?)", (key_id.encode(),))
+                conn.executemany(f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+                # Born in WAL mode (the header keeps it; closing folds the -wal back in): openers never
+                # convert it, and a journal-mode change is the one lock SQLite may refuse at once,
+                # without waiting, when several processes open a new store together.
+                set_journal_mode_wal(conn)
+            finally:
+                conn.close()
+        fd = os.open(temp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(temp, path)
+        except FileExistsError:
+            if exclusive:
+                raise StoreIOError(f"cannot create store {path!r}: a file exists there") from None
+        _fsync_dir(directory)
+    except OSError as exc:
+        raise StoreIOError(f"cannot create store {path!r}: {exc.strerror}") from exc
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+
+
+def create_store(path: str, *, store_id: bytes, key_id: str | None, rows: Iterable[Row]) -> None:
+    """Create a new store file at `path` that holds `rows` exactly, under the given store id and key id.
+
+    For restoring an export (``lifecycle-es import``): the rows were chained under `store_id` (their
+    first ``prev`` derives from it), so they go in as they are, never re-chained, and the caller
+    verifies the chain before and after. The file is built under a temporary name and linked into place
+    once every row is in: `path` ends up holding all of them or nothing is there. A file already at
+    `path` raises StoreIOError and is left alone; an exception raised by `rows` propagates.
+    """
+    if os.path.lexists(path):
+        raise StoreIOError(f"cannot create store {path!r}: a file exists there")
+    create_file(path, None, store_id=store_id, key_id=key_id, rows=rows, exclusive=True)
+
+
+def _refuse_orphan_wal(path: str) -> None:
+    wal = path + "-wal"
+    try:
+        orphan = os.stat(wal).st_size > 0
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StoreIOError(f"cannot create store {path!r}: cannot check {wal!r} ({exc.strerror})") from exc
+    # Checked after the WAL: a creator racing us links `path` before its WAL exists, so it is seen here.
+    if orphan and not os.path.lexists(path):
+        raise StoreFormatError(f"{wal!r} exists without its store {path!r} (a store removed while in use?); "
+                               "restore the store or remove the WAL before creating a new one")
+
+
+def read_only_fs(path: str) -> bool:
+    """Whether the file system holding `path` is mounted read-only."""
+    try:
+        return bool(os.statvfs(os.path.dirname(path) or ".").f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
