@@ -72,7 +72,10 @@ def test_host_serves_a_runner_until_sigterm(tmp_path: Path) -> None:
 def test_host_refuses_a_runner_the_log_does_not_have(tmp_path: Path) -> None:
     with EventStore.open(tmp_path / "runners.db"):
         pass
-    done = subprocess.run([CLI, "host", str(tmp_path / "runners.db"), "--runner", "nobody"], capture_output=True,
-                          text=True, timeout=60, check=False)
-    assert done.returncode == 64
-    assert "runner 'nobody' has no events" in done.stderr and "Traceback" not in done.stderr
+    db = tmp_path / "runners.db"
+    for flag in ("--runner", "-r"):
+        done = subprocess.run([CLI, "host", str(db), flag, "nobody"], capture_output=True, text=True, timeout=60,
+                              check=False)
+        assert done.returncode == 66  # as show, events and timeline refuse a runner the log does not have
+        assert done.stderr == (f"lifecycle-es host: error: no runner 'nobody' in {db} "
+                               f"('lifecycle-es show {db}' lists the runners it has)\n")
