@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -335,3 +336,17 @@ def test_follow_starts_where_n_after_or_since_says(fleet_log: FleetLog, every_ev
         assert (code, rest) == (0, b"")
     finally:
         follower.close()
+
+
+# --- exit codes: every one the command line can return is documented -----------------------------------
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/05-audit.md"])
+def test_every_exit_code_is_in_the_readme_and_the_audit_page(page: str) -> None:
+    from lifecycle_es.cli import exits
+
+    codes = {getattr(exits, name) for name in exits.__all__ if name.startswith("EXIT_")}
+    assert {0, 64, 65, 66, 70, 73, 74, 75, 76, 77, 130} <= codes
+    text = (Path(__file__).resolve().parent.parent / page).read_text()
+    documented = {int(code) for code in re.findall(r"^\| (\d+) \| \S", text, flags=re.M)}
+    assert documented == codes
