@@ -1,15 +1,20 @@
 """The ``lifecycle-es`` command: audit, show, follow, draw, rebuild, seal, export and import a log file.
 
-    lifecycle-es audit FILE [--seal SEAL] [--key-file K] [--json] [--jobs N]
-    lifecycle-es show FILE [RUNNER] [--at SEQ] [--json]
-    lifecycle-es events FILE [--runner R] [--after SEQ] [--follow] [--json]
-    lifecycle-es timeline FILE [--runner R ...] [--since T] [--until T] [--last N] -o OUT.svg
-    lifecycle-es rebuild FILE
-    lifecycle-es seal FILE [--key-file K] [--no-verify]
+    lifecycle-es audit FILE [--seal SEAL] [-k KEY_FILE] [--json] [--jobs N] [--html OUT.html]
+    lifecycle-es show FILE [RUNNER] [--at SEQ] [-j]
+    lifecycle-es events FILE [-r R] [--after SEQ] [--since T] [--until T] [-n N|all] [-f] [-j]
+    lifecycle-es timeline FILE [-r R ...] [--since T] [--until T] [-n N] -o OUT.svg
+    lifecycle-es rebuild FILE [-k KEY_FILE]
+    lifecycle-es seal FILE [-k KEY_FILE] [--no-verify]
     lifecycle-es export FILE OUT.jsonl
-    lifecycle-es import IN.jsonl FILE [--key-file K]
-    lifecycle-es host FILE --runner R [--mode child|systemd]
+    lifecycle-es import IN.jsonl FILE [-k KEY_FILE]
+    lifecycle-es host FILE -r R [--mode child|systemd]
     lifecycle-es demo [--dir DIR]
+
+The short options mean the same wherever they appear: ``-r`` a runner, ``-k`` a key file, ``-j`` JSON
+output (not on ``audit``, where ``-j`` would read as make's jobs), ``-n`` how many of the last, ``-f``
+follow, ``-o`` the output file. A runner the log does not have is exit 66 with one message
+(`exits.no_runner`), whichever command named it.
 
 Subcommands live in modules of this package, listed in `COMMAND_MODULES`; each exposes
 ``register(subparsers)``, which adds its parsers with ``set_defaults(run=...)``. A new command group

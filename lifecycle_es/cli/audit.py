@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
                     "check the head against the seal. Exit 0 when all holds, 65 with the first bad seq when not.")
     parser.add_argument("file", metavar="FILE", help="the store file")
     parser.add_argument("--seal", metavar="SEAL", help="the seal file to check (default: FILE.seal when present)")
-    parser.add_argument("--key-file", metavar="K", help="the store key: 32 raw bytes or 64 hex characters")
+    parser.add_argument("-k", "--key-file", metavar="K", help="the store key: 32 raw bytes or 64 hex characters")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--html", metavar="OUT.html", help="also write the findings as one self-contained HTML page, "
                                                            "with the timeline drawn and the first problem marked on it")

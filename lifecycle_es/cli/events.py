@@ -1,65 +1,179 @@
-"""``lifecycle-es events``: the log's events as JSON lines or a readable listing, and ``--follow``.
+"""``lifecycle-es events``: the log's events as JSON lines or a readable listing; the last N; ``-f`` follows.
 
-    lifecycle-es events runners.db --json                    one JSON object a line
-    lifecycle-es events runners.db --runner runner-7 --after 120
-    lifecycle-es events runners.db --follow --json           then every event other processes commit
+    lifecycle-es events runners.db -j                        every event, one JSON object a line
+    lifecycle-es events runners.db -r runner-7 --after 120   one runner's events after seq 120
+    lifecycle-es events runners.db -n 20                     the last 20 events
+    lifecycle-es events runners.db --since 2026-03-02T10:00 --until 2026-03-02T10:30
+    lifecycle-es events runners.db -f                        the last 10, then every event committed later
 
 A JSON line is ``{"seq", "stream", "version", "type", "at", "event", "hash"}``: ``event`` is the body as
-an object, ``hash`` the chain hash in hex. ``--follow`` ends, with exit 0, on SIGINT or SIGTERM.
+an object, ``hash`` the chain hash in hex. ``-n N`` keeps the last N of the events the other options
+select, found by reading back from the head (the log's, or the runner's stream's) in growing chunks,
+never from the start. ``-f`` works as ``journalctl -f``: alone it prints the last 10 events and then
+follows; ``-n`` says how many to print first (``-n 0``: none, ``-n all``: every one), and ``--after`` or
+``--since`` without ``-n`` start there instead. It ends, with exit 0, on SIGINT or SIGTERM. A runner the
+log does not have is refused with exit 66, as by every command that takes one (`exits.no_runner`).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
 import msgspec
 
+from lifecycle_es.canonical import iso_ms
 from lifecycle_es.errors import IntegrityError
-from lifecycle_es.store import RecordedEvent
+from lifecycle_es.store import EventStore, RecordedEvent
 
 from .access import int_at_least, open_store
-from .exits import EXIT_OK, json_printable, printable
+from .exits import EXIT_OK, EXIT_USAGE, CommandError, json_printable, no_runner, printable
+from .options import ALL, lines, runner_id, when
 
 MAX_FIELD_CHARS = 60
+FOLLOW_LINES = 10  # what -f alone prints before following, as journalctl -f
+# The times an event's `at` can be: the store writes it as ISO-8601 UTC with milliseconds, which sorts as
+# text within these years; a bound outside them is held to them, so it still compares as a time.
+EARLIEST_MS, LATEST_MS = 0, 253_402_300_799_999  # 1970-01-01 and 9999-12-31, the end of its last ms
 
 
 def register(subparsers: Any) -> None:
     """Add the ``events`` subcommand."""
     parser = subparsers.add_parser(
-        "events", help="list the log's events (JSON lines or readable); --follow tails new ones",
-        description="Print events in seq order, as JSON lines with --json. --follow keeps printing the events "
-                    "other processes commit until SIGINT or SIGTERM (exit 0).")
+        "events", help="list the log's events (JSON lines or readable); -n the last N; -f follows new ones",
+        description="Print events in seq order, as JSON lines with -j. -n N prints only the last N of the events "
+                    "selected, read back from the head. -f then keeps printing the events other processes commit, "
+                    "until SIGINT or SIGTERM (exit 0); as journalctl -f, -f alone starts with the last 10 events "
+                    "unless -n, --after or --since says where to start.")
     parser.add_argument("file", metavar="FILE", help="the store file")
-    parser.add_argument("--runner", metavar="R", help="only this runner's events")
-    parser.add_argument("--after", type=int_at_least(0), default=0, metavar="SEQ",
-                        help="only events after this seq (default: 0, from the start)")
-    parser.add_argument("--follow", action="store_true", help="keep printing events as they are committed")
-    parser.add_argument("--json", action="store_true", help="one JSON object a line")
+    parser.add_argument("-r", "--runner", type=runner_id, metavar="R",
+                        help="only this runner's events (exit 66 when the log has none)")
+    parser.add_argument("--after", type=int_at_least(0), metavar="SEQ", help="only events after this seq")
+    parser.add_argument("--since", type=when, metavar="T", help="only events at or after this time: ISO-8601, UTC "
+                                                                  "unless it names an offset, e.g. 2026-03-02T10:00")
+    parser.add_argument("--until", type=when, metavar="T", help="only events at or before this time, as --since "
+                                                                  "(not with -f)")
+    parser.add_argument("-n", "--lines", type=lines, metavar="N",
+                        help="only the last N of those events; 'all' for every one (default: all, with -f the last "
+                             f"{FOLLOW_LINES} unless --after or --since is given)")
+    parser.add_argument("-f", "--follow", action="store_true", help="then keep printing events as they are committed")
+    parser.add_argument("-j", "--json", action="store_true", help="one JSON object a line")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the events; with --follow, until a signal says stop."""
+    """Print the events; with -f, then every later one until a signal says stop."""
+    if args.follow and args.until is not None:
+        raise CommandError(EXIT_USAGE, "--until ends a window that -f would follow past: leave one of them out")
+    if args.since is not None and args.until is not None and args.since > args.until:
+        raise CommandError(EXIT_USAGE, "--since is after --until: the window is empty")
+    count = args.lines
+    if count is None:
+        count = FOLLOW_LINES if args.follow and args.after is None and args.since is None else ALL
+    after = args.after or 0
+    keep = window(args.since, args.until)
     stop = threading.Event()
+    if args.follow:
+        _stop_on_signals(stop)
     with open_store(args.file) as store:
-        if args.follow:
-            _stop_on_signals(stop)
-            events: Iterator[RecordedEvent] = store.follow(after=args.after, stream=args.runner, stop=stop)
+        if count == ALL:
+            _check_runner(store, args.runner, args.file)
+            printed = _print(store.read(after=after, stream=args.runner), keep, args)
+            start = max(after, printed)
         else:
-            events = store.read(after=args.after, stream=args.runner)
-        out = sys.stdout
-        for recorded in events:
-            out.write(json_line(recorded) if args.json else text_line(recorded))
-            out.write("\n")
-            if args.follow:
-                out.flush()  # a reader of the pipe sees each event as it is committed
+            with store.backend.read_tx("read the last events"):  # the head and the stream's version agree
+                _check_runner(store, args.runner, args.file)
+                start = max(after, store.head().seq)
+                tail = last_events(store, count, runner=args.runner, after=after, keep=keep, head=start)
+            _print(tail, keep, args)
+        if args.follow:
+            sys.stdout.flush()
+            _print(store.follow(after=start, stream=args.runner, stop=stop), keep, args, flush=True)
     return EXIT_OK
+
+
+def _check_runner(store: EventStore, runner: str | None, path: str) -> None:
+    if runner is not None and store.stream_version(runner) == 0:
+        raise no_runner(runner, path)
+
+
+def _print(events: Iterable[RecordedEvent], keep: Callable[[RecordedEvent], bool] | None,
+           args: argparse.Namespace, *, flush: bool = False) -> int:
+    """Print the events `keep` keeps; return the last seq seen (0 for none)."""
+    out, last = sys.stdout, 0
+    for recorded in events:
+        last = recorded.seq
+        if keep is not None and not keep(recorded):
+            continue
+        out.write(json_line(recorded) if args.json else text_line(recorded))
+        out.write("\n")
+        if flush:
+            out.flush()  # a reader of the pipe sees each event as it is committed
+    return last
+
+
+def window(since_ms: int | None, until_ms: int | None) -> Callable[[RecordedEvent], bool] | None:
+    """A test of an event's ``at`` against ``[since_ms, until_ms]`` (inclusive), or None when both are open.
+
+    Compares the text ``at`` as written with the bounds written the same way: no parse per event.
+    """
+    if since_ms is None and until_ms is None:
+        return None
+    low = iso_ms(min(max(since_ms, EARLIEST_MS), LATEST_MS)) if since_ms is not None else ""
+    high = iso_ms(min(max(until_ms, EARLIEST_MS), LATEST_MS)) if until_ms is not None else "\U0010ffff"
+    return lambda recorded: low <= recorded.at <= high
+
+
+def last_events(store: EventStore, count: int, *, runner: str | None = None, after: int = 0,
+                keep: Callable[[RecordedEvent], bool] | None = None, head: int | None = None) -> list[RecordedEvent]:
+    """The last `count` events (of `runner`'s stream, after seq `after`, that `keep` keeps), oldest first.
+
+    Read backwards from the head (events up to seq `head`; default the log's) in chunks of `count`
+    events, each twice the one before while `keep` leaves too few: the cost follows what is printed,
+    not the length of the log. Call it inside a read transaction when `head` must agree with the stream.
+    """
+    if count <= 0:
+        return []
+    top = store.head().seq if head is None else head
+    chunk: Callable[[int, int], Iterable[RecordedEvent]]
+    if runner is None:
+        upper = top
+
+        def chunk(low: int, high: int) -> Iterable[RecordedEvent]:
+            # A log edited outside the store may skip seqs: whatever lies past `high` was read already.
+            return (r for r in store.read(after=low - 1, limit=high - low + 1) if r.seq <= high)
+    else:
+        upper = store.stream_version(runner)
+
+        def chunk(low: int, high: int) -> Iterable[RecordedEvent]:
+            return itertools.islice(store.read_stream(runner, after_version=low - 1), high - low + 1)
+
+    found: list[list[RecordedEvent]] = []  # newest chunk first
+    have, size, high = 0, count, upper
+    floor = after + 1 if runner is None else 1  # seqs of the log are positions; a stream's versions are not
+    while high >= floor and have < count:
+        low = max(floor, high - size + 1)
+        kept: deque[RecordedEvent] = deque(maxlen=count - have)
+        reached_after = False
+        for recorded in chunk(low, high):
+            if recorded.seq <= after:
+                reached_after = True
+                continue
+            if recorded.seq <= top and (keep is None or keep(recorded)):
+                kept.append(recorded)
+        found.append(list(kept))
+        have += len(kept)
+        if reached_after:
+            break
+        high, size = low - 1, size * 2
+    return [recorded for part in reversed(found) for recorded in part]
 
 
 def _stop_on_signals(stop: threading.Event) -> None:

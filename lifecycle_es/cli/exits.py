@@ -11,7 +11,7 @@ The codes follow sysexits, as `lifecycle_es.errors` does for processes that stop
                          directory, or too large to be what it must be; a key given for a store or
                          export that claims to be unkeyed (a downgrade is tampering)
     66  EXIT_NOINPUT     a file (store, seal, key, export) or a runner named does not exist, or the
-                         operating system will not open it
+                         operating system will not open it (a runner: always through `no_runner`)
     70  EXIT_SOFTWARE    a bug: something raised that nothing here expected
     73  EXIT_CANTCREAT   an output file exists already (export, import never overwrite)
     74  EXIT_IOERR       the operating system failed a read or a write (or the disk is full)
@@ -68,6 +68,7 @@ __all__ = [
     "CommandError",
     "classify",
     "json_printable",
+    "no_runner",
     "one_line",
     "printable",
 ]
@@ -79,6 +80,16 @@ class CommandError(Exception):
     def __init__(self, code: int, message: str) -> None:
         self.code = code
         super().__init__(message)
+
+
+def no_runner(runner: str, path: str, *, at: int | None = None) -> CommandError:
+    """The one refusal of a runner the log does not have, for every command that takes one: exit 66
+    (EX_NOINPUT: the thing named is not there), ``no runner 'x' in FILE`` (``as of seq N`` when the
+    command looked at an earlier seq), and where to see the runners that are there.
+    """
+    as_of = f" as of seq {at:,}" if at is not None else ""
+    return CommandError(EXIT_NOINPUT, f"no runner {runner!r} in {path}{as_of} "
+                                      f"('lifecycle-es show {path}' lists the runners it has)")
 
 
 # What a terminal would act on or draw as nothing: C0, DEL and C1 controls; bidi marks, embeddings, overrides

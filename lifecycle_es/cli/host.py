@@ -18,7 +18,8 @@ import threading
 from typing import Any
 
 from .access import require_file
-from .exits import EXIT_OK, EXIT_USAGE, CommandError, printable
+from .exits import EXIT_OK, no_runner, printable
+from .options import runner_id
 
 
 def register(subparsers: Any) -> None:
@@ -28,7 +29,8 @@ def register(subparsers: Any) -> None:
         description="Follow the log and make this machine's units agree with it: start, signal, stop, park and "
                     "wake units, each side effect recorded as an event of the runner's stream.")
     host.add_argument("file", metavar="FILE", help="the store file")
-    host.add_argument("--runner", required=True, metavar="R", help="the runner id (must exist in the log)")
+    host.add_argument("-r", "--runner", required=True, type=runner_id, metavar="R",
+                      help="the runner id (must exist in the log)")
     host.add_argument("--mode", choices=("child", "systemd"), default="child", help="how units run (child)")
     host.add_argument("--scope", choices=("system", "user"), default="system", help="systemd manager (system)")
     host.add_argument("--user", help="systemd system scope: the user units run as (required as root)")
@@ -62,7 +64,7 @@ def run_host(args: argparse.Namespace) -> int:
     with EventStore.open(args.file) as store:
         state = load(store, args.runner).state
         if state is None:
-            raise CommandError(EXIT_USAGE, f"runner {args.runner!r} has no events in {args.file}: initialize it first")
+            raise no_runner(args.runner, args.file)
         lifecycle = RunnerLifecycle(store, runner_id=state.runner_id, target=state.target, base_dir=state.base_dir,
                                     resources=state.resources, post_session_hook_digest=state.post_session_hook_digest)
         host = LocalHost(lifecycle, mode=args.mode, scope=args.scope, run_root=args.run_root,

@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
         description="Replay the log and rewrite the snapshots and the runners/leases read models in one "
                     "transaction. The log itself is never written.")
     rebuild.add_argument("file", metavar="FILE", help="the store file")
-    rebuild.add_argument("--key-file", metavar="K",
+    rebuild.add_argument("-k", "--key-file", metavar="K",
                          help="the store key (a keyed store's snapshots carry a MAC only its key can make)")
     rebuild.set_defaults(run=run_rebuild)
 
@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
         description="Verify the chain, then write the head (store id, seq, hash, at) to FILE.seal (0600, a MAC "
                     "in keyed mode). A later audit or open of a log behind it fails.")
     seal.add_argument("file", metavar="FILE", help="the store file")
-    seal.add_argument("--key-file", metavar="K", help="the store key (a keyed store's seal is a MAC)")
+    seal.add_argument("-k", "--key-file", metavar="K", help="the store key (a keyed store's seal is a MAC)")
     seal.add_argument("--no-verify", action="store_true", help="seal without verifying the chain first")
     seal.set_defaults(run=run_seal)
 

@@ -16,7 +16,8 @@ import json
 from typing import Any
 
 from .access import int_at_least, open_store
-from .exits import EXIT_NOINPUT, EXIT_OK, CommandError, printable
+from .exits import EXIT_OK, no_runner, printable
+from .options import runner_id as runner_arg
 from .render import pairs, short, table
 
 
@@ -27,9 +28,10 @@ def register(subparsers: Any) -> None:
         description="Replay the log and print every runner (state, generation, policy revision, proxy, drain "
                     "deadline, lease counts), or one runner with its leases. Read-only.")
     parser.add_argument("file", metavar="FILE", help="the store file")
-    parser.add_argument("runner", metavar="RUNNER", nargs="?", help="one runner id (default: the whole fleet)")
+    parser.add_argument("runner", metavar="RUNNER", nargs="?", type=runner_arg,
+                        help="one runner id (default: the whole fleet)")
     parser.add_argument("--at", type=int_at_least(0), metavar="SEQ", help="as of this seq (default: the head)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("-j", "--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
 
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             state = state_at(store, args.runner, at)
             if state is None:
-                raise CommandError(EXIT_NOINPUT, f"runner {args.runner!r} has no events as of seq {at}")
+                raise no_runner(args.runner, args.file, at=None if at == head else at)
             data = {"head_seq": at, "runner": msgspec.to_builtins(project(state)),
                     "leases": msgspec.to_builtins(state.leases)}
     if args.json:

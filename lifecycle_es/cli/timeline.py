@@ -21,13 +21,12 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from lifecycle_es.canonical import parse_iso_ms
 from lifecycle_es.errors import LifecycleError
 from lifecycle_es.store import PAGE, EventStore, RecordedEvent
-from lifecycle_es.values import safe_id
 
 from .access import int_at_least, open_store
-from .exits import EXIT_DATAERR, EXIT_NOINPUT, EXIT_OK, EXIT_USAGE, CommandError, one_line
+from .exits import EXIT_DATAERR, EXIT_OK, EXIT_USAGE, CommandError, no_runner, one_line
+from .options import runner_id, when
 
 DEFAULT_LAST = 50  # as projections.timeline.DEFAULT_LAST, without importing projections to build the parser
 
@@ -42,33 +41,14 @@ def register(subparsers: Any) -> None:
                     "--last leases of the log.")
     parser.add_argument("file", metavar="FILE", help="the store file")
     parser.add_argument("-o", "--output", required=True, metavar="OUT.svg", help="where to write the SVG ('-': stdout)")
-    parser.add_argument("--runner", action="append", type=_runner, metavar="R",
+    parser.add_argument("-r", "--runner", action="append", type=runner_id, metavar="R",
                         help="only this runner (repeat for more; default: every runner)")
     parser.add_argument("--since", type=when, metavar="T", help="window start: ISO-8601 time (UTC unless it names "
                                                                   "an offset), e.g. 2026-03-02T10:00")
     parser.add_argument("--until", type=when, metavar="T", help="window end, as --since")
-    parser.add_argument("--last", type=int_at_least(1), default=DEFAULT_LAST, metavar="N",
+    parser.add_argument("-n", "--last", type=int_at_least(1), default=DEFAULT_LAST, metavar="N",
                         help="at most the last N leases that overlap the window (default: %(default)s)")
     parser.set_defaults(run=run)
-
-
-def _runner(text: str) -> str:
-    try:
-        return safe_id(text, "runner")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def when(text: str) -> int:
-    """An argparse type: epoch ms of an ISO-8601 time; one without an offset is UTC."""
-    value = text.strip()
-    if len(value) <= 64 and value.isascii():
-        for candidate in (value, value + "Z"):
-            try:
-                return parse_iso_ms(candidate)
-            except (ValueError, OverflowError):
-                continue
-    raise argparse.ArgumentTypeError(f"{text[:64]!r} is not an ISO-8601 time (like 2026-03-02T10:00:00Z)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                            last=args.last)
     missing = sorted(set(runners or ()) - timeline.runners_seen)
     if missing:
-        raise CommandError(EXIT_NOINPUT, f"runner {missing[0]!r} has no events in {args.file!r}")
+        raise no_runner(missing[0], args.file)
     who = ", ".join(runners) if runners else "every runner"
     svg = draw(timeline, title=f"{os.path.basename(args.file)}: {who}")
     write_output(args.output, svg)

@@ -81,7 +81,7 @@ def register(subparsers: Any) -> None:
                     "id, so the chain is unchanged), then verify FILE. FILE must not exist.")
     restore.add_argument("source", metavar="IN.jsonl", help="an export written by `lifecycle-es export`")
     restore.add_argument("file", metavar="FILE", help="the new store file")
-    restore.add_argument("--key-file", metavar="K", help="the key of a keyed store's export")
+    restore.add_argument("-k", "--key-file", metavar="K", help="the key of a keyed store's export")
     restore.set_defaults(run=run_import)
 
 

@@ -1,0 +1,50 @@
+"""Option types shared by the commands, so that one flag reads the same everywhere.
+
+``-r/--runner R`` is a runner id, refused as bad usage (64) before any file is opened when it cannot
+be one; ``--since/--until T`` is an ISO-8601 time, UTC unless it names an offset; ``-n/--lines N``
+is a count of events or ``all``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from lifecycle_es.canonical import parse_iso_ms
+from lifecycle_es.values import safe_id
+
+__all__ = ["ALL", "lines", "runner_id", "when"]
+
+ALL = -1  # what ``-n all`` parses to: no limit
+
+
+def runner_id(text: str) -> str:
+    """An argparse type: a runner id (the rules' id syntax)."""
+    try:
+        return safe_id(text, "runner")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def when(text: str) -> int:
+    """An argparse type: epoch ms of an ISO-8601 time; one without an offset is UTC, a date alone its midnight."""
+    value = text.strip()
+    if len(value) <= 64 and value.isascii():
+        for candidate in (value, value + "Z", value + "T00:00:00Z"):
+            try:
+                return parse_iso_ms(candidate)
+            except (ValueError, OverflowError):
+                continue
+    raise argparse.ArgumentTypeError(f"{text[:64]!r} is not an ISO-8601 time (like 2026-03-02T10:00:00Z)")
+
+
+def lines(text: str) -> int:
+    """An argparse type: a count of events (0 or more), or ``all`` (`ALL`) for no limit."""
+    if text.strip().lower() == "all":
+        return ALL
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:64]!r} is not a count of events (a number, or 'all')") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a count of events (0 or more, or 'all')")
+    return value

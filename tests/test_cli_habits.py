@@ -1,0 +1,352 @@
+"""The command line's shared habits, through the real console script: one refusal (exit 66, one message)
+of a runner the log does not have, whatever the command; short options that are the long ones; and
+``events -n/-f/--since/--until``, journalctl's way, the last N found without reading the log from its start."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_cli_logs import CLI, KEY, copy_store, fleet_in, long_in, one_error_line, run
+
+from lifecycle_es import EventStore, ProxyAuthority, RunnerLifecycle
+from lifecycle_es.canonical import iso_ms, parse_iso_ms
+from lifecycle_es.cli.events import last_events, window
+from lifecycle_es.replay import load
+
+FleetLog = tuple[Path, dict[str, int]]
+NEWLINE = b"\n"
+
+
+@pytest.fixture(scope="module")
+def fleet_log(tmp_path_factory: pytest.TempPathFactory) -> FleetLog:
+    """The fleet log, sealed; tests that write to it work on a copy."""
+    return fleet_in(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def every_event(fleet_log: FleetLog) -> list[dict[str, Any]]:
+    """``events --json`` of the whole fleet log: what every selection is checked against."""
+    return json_lines(run("events", fleet_log[0], "--json"))
+
+
+def json_lines(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    """The parsed lines of a command that must have succeeded."""
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+# --- a runner the log does not have ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ("show", "runner-404"),
+    ("show", "runner-404", "--json"),
+    ("events", "--runner", "runner-404"),
+    ("events", "-r", "runner-404", "-n", "5"),
+    ("events", "-r", "runner-404", "-f"),  # refused before it follows: it does not wait for the runner
+    ("timeline", "--runner", "runner-404", "-o", "OUT"),
+    ("timeline", "-r", "runner-0", "-r", "runner-404", "-o", "OUT"),
+], ids=" ".join)
+def test_every_command_refuses_a_runner_the_log_lacks_with_66_and_one_message(fleet_log: FleetLog, tmp_path: Path,
+                                                                             argv: tuple[str, ...]) -> None:
+    path, out = fleet_log[0], tmp_path / "out.svg"
+    command, *rest = argv
+    done = run(command, path, *(str(out) if arg == "OUT" else arg for arg in rest), timeout=60)
+    assert done.returncode == 66 and done.stdout == ""
+    assert one_error_line(done) == (f"lifecycle-es {command}: error: no runner 'runner-404' in {path} "
+                                    f"('lifecycle-es show {path}' lists the runners it has)")
+    assert not out.exists()
+
+
+def test_show_names_the_seq_a_runner_did_not_exist_at_yet(fleet_log: FleetLog) -> None:
+    path = fleet_log[0]
+    done = run("show", path, "runner-2", "--at", "1")  # runner-2 is initialized at seq 3
+    assert done.returncode == 66
+    assert f"error: no runner 'runner-2' in {path} as of seq 1 (" in one_error_line(done)
+
+
+def test_a_runner_id_that_cannot_be_one_is_bad_usage_before_the_file_is_read(tmp_path: Path) -> None:
+    for argv in (("events", "-r", "no spaces!"), ("timeline", "-r", "no spaces!", "-o", "x.svg"),
+                 ("show", "no spaces!"), ("host", "-r", "no spaces!")):
+        done = run(argv[0], tmp_path / "absent.db", *argv[1:])
+        assert done.returncode == 64 and "'no spaces!' is not an id" in done.stderr, done.stderr
+
+
+# --- short options -----------------------------------------------------------------------------------
+
+
+def test_short_options_are_the_long_ones(fleet_log: FleetLog, tmp_path: Path) -> None:
+    path = fleet_log[0]
+    for short, long in [
+        (("events", "-r", "runner-1", "-n", "4", "-j"), ("events", "--runner", "runner-1", "--lines", "4", "--json")),
+        (("show", "runner-0", "-j"), ("show", "runner-0", "--json")),
+        (("timeline", "-r", "runner-0", "-n", "2", "-o", "-"), ("timeline", "--runner", "runner-0", "--last", "2",
+                                                                 "--output", "-")),
+    ]:
+        by_short, by_long = run(short[0], path, *short[1:]), run(long[0], path, *long[1:])
+        assert by_short.returncode == 0 and by_short.stdout, by_short.stderr
+        assert (by_short.returncode, by_short.stdout) == (by_long.returncode, by_long.stdout)
+
+    keyed = fleet_in_keyed(tmp_path)
+    key_file = tmp_path / "store.key"
+    key_file.write_text(KEY.hex())
+    key_file.chmod(0o600)
+    assert run("audit", keyed, "--json").returncode == 77
+    assert run("audit", keyed, "-k", key_file, "--json").returncode == 0
+    assert run("rebuild", keyed, "-k", key_file).returncode == 0
+    assert run("seal", keyed, "-k", key_file).returncode == 0
+
+
+def fleet_in_keyed(tmp_path: Path) -> Path:
+    """A keyed fleet log of its own (rebuild and seal write to it)."""
+    from test_cli_logs import build_fleet
+
+    path = tmp_path / "keyed" / "fleet.db"
+    path.parent.mkdir()
+    build_fleet(path, key=KEY)
+    return path
+
+
+# --- events: the last N, a window of time ------------------------------------------------------------
+
+
+def test_events_n_prints_the_last_n_of_what_is_selected(fleet_log: FleetLog, every_event: list[dict[str, Any]]) -> None:
+    path = fleet_log[0]
+    total = len(every_event)
+    for count in (1, 5, total - 1, total, total + 5):
+        assert json_lines(run("events", path, "-n", str(count), "-j")) == every_event[-count:]
+    assert json_lines(run("events", path, "-n", "0", "-j")) == []
+    assert json_lines(run("events", path, "-n", "all", "-j")) == every_event
+    for runner in ("runner-0", "runner-1", "runner-2"):
+        mine = [event for event in every_event if event["stream"] == runner]
+        for count in (1, 3, len(mine) + 1):
+            assert json_lines(run("events", path, "-r", runner, "-n", str(count), "-j")) == mine[-count:]
+    for after in (0, 10, total - 2, total + 3):
+        later = [event for event in every_event if event["seq"] > after]
+        assert json_lines(run("events", path, "--after", str(after), "-n", "100", "-j")) == later
+        assert json_lines(run("events", path, "--after", str(after), "-n", "2", "-j")) == later[-2:]
+        theirs = [event for event in later if event["stream"] == "runner-0"]
+        assert json_lines(run("events", path, "-r", "runner-0", "--after", str(after), "-n", "50", "-j")) == theirs
+    text = run("events", path, "-n", "2")
+    assert text.returncode == 0 and len(text.stdout.splitlines()) == 2
+    assert text.stdout.splitlines()[-1].split()[0] == str(every_event[-1]["seq"])
+    assert run("events", path, "-n", "-1").returncode == 64
+
+
+def test_events_since_and_until_select_by_time(fleet_log: FleetLog, every_event: list[dict[str, Any]]) -> None:
+    path = fleet_log[0]
+    times = sorted({event["at"] for event in every_event})
+    low, high = times[3], times[-4]
+    inside = [event for event in every_event if low <= event["at"] <= high]
+    assert 0 < len(inside) < len(every_event)
+    assert json_lines(run("events", path, "--since", low, "--until", high, "-j")) == inside
+    assert json_lines(run("events", path, "--since", low, "--until", high, "-n", "2", "-j")) == inside[-2:]
+    theirs = [event for event in inside if event["stream"] == "runner-0"]
+    assert json_lines(run("events", path, "-r", "runner-0", "--since", low, "--until", high, "-j")) == theirs
+    assert json_lines(run("events", path, "-r", "runner-0", "--since", low, "-n", "3", "-j")) == [
+        event for event in every_event if event["stream"] == "runner-0" and event["at"] >= low][-3:]
+    # The same moment an hour east of UTC, and a date alone (its midnight, UTC)
+    east = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(parse_iso_ms(low) // 1000 + 3600)) + ".000+01:00"
+    assert json_lines(run("events", path, "--since", east, "--until", high, "-j")) == inside
+    assert json_lines(run("events", path, "--since", "1999-12-31", "-j")) == every_event
+    assert json_lines(run("events", path, "--until", "1999-12-31", "-j")) == []
+    assert run("events", path, "--since", high, "--until", low).returncode == 64
+    assert run("events", path, "-f", "--until", high).returncode == 64  # a follow has no end in time
+    assert run("events", path, "--since", "yesterday").returncode == 64
+
+
+def test_last_events_reads_back_from_the_head_not_the_whole_log(tmp_path_factory: pytest.TempPathFactory,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    path = long_in(tmp_path_factory)
+    with EventStore.open(path, read_only=True) as store:
+        head = store.head().seq
+        everything = list(store.read())
+        fetched: list[int] = []
+        backend = store.backend
+
+        def counting(real: Any) -> Any:
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                rows = real(*args, **kwargs)
+                fetched.append(len(rows))
+                return rows
+            return counted
+
+        for name in ("rows", "stream_rows"):
+            monkeypatch.setattr(backend, name, counting(getattr(backend, name)))
+
+        assert [r.seq for r in last_events(store, 10)] == list(range(head - 9, head + 1))
+        assert sum(fetched) == 10
+        fetched.clear()
+        mine = [r for r in everything if r.stream == "runner-3"]
+        assert last_events(store, 10, runner="runner-3") == mine[-10:]
+        assert sum(fetched) == 10
+        fetched.clear()
+        sparse = [r for r in everything if r.seq % 7 == 0]
+        assert last_events(store, 10, keep=lambda r: r.seq % 7 == 0) == sparse[-10:]
+        assert sum(fetched) < 10 * 7 * 2 + 10  # chunks double: at most twice what holds the ten
+        fetched.clear()
+        assert last_events(store, 5, after=head - 3) == everything[-3:]
+        assert sum(fetched) == 3
+    assert [json.loads(line)["seq"] for line in run("events", path, "-n", "3", "-j").stdout.splitlines()] == [
+        head - 2, head - 1, head]
+
+
+def test_window_compares_times_as_the_store_writes_them() -> None:
+    assert window(None, None) is None
+    keep = window(parse_iso_ms("2026-03-02T10:00:00Z"), parse_iso_ms("2026-03-02T10:30:00Z"))
+    assert keep is not None
+
+    class At:
+        def __init__(self, at: str) -> None:
+            self.at = at
+
+    assert [keep(At(iso_ms(parse_iso_ms(t)))) for t in (  # type: ignore[arg-type]
+        "2026-03-02T09:59:59.999Z", "2026-03-02T10:00:00Z", "2026-03-02T10:30:00Z", "2026-03-02T10:30:00.001Z")
+    ] == [False, True, True, False]
+    before_epoch = window(-10**15, None)  # a bound outside the years a store writes is held to them
+    assert before_epoch is not None and before_epoch(At("1970-01-01T00:00:00.000Z"))  # type: ignore[arg-type]
+
+
+# --- events -f: journalctl's way ---------------------------------------------------------------------
+
+
+def append_lease(path: Path, runner: str, session: str) -> int:
+    """Acquire a lease on `runner` as another writer of the log would (the rules' own way); its seq."""
+    now = time.time_ns() // 1_000_000
+    with EventStore.open(path) as store:
+        state = load(store, runner).state
+        assert state is not None
+        lifecycle = RunnerLifecycle(store, runner_id=runner, target=state.target, base_dir=state.base_dir,
+                                    resources=state.resources, post_session_hook_digest=state.post_session_hook_digest)
+        snap = lifecycle.snapshot()
+        proxy = ProxyAuthority(id=snap.proxy_authority.id, revision=snap.proxy_authority.revision,
+                               issued_at=iso_ms(now - 1000), expires_at=iso_ms(now + 600_000))
+        lifecycle.acquire_lease(session_id=session, expected_generation=snap.generation, proxy_authority=proxy)
+        return store.head().seq
+
+
+class Follower:
+    """``lifecycle-es events ARGS`` running in its own process; its stdout read a line at a time, bounded."""
+
+    def __init__(self, *args: str | Path) -> None:
+        assert CLI is not None
+        self.proc = subprocess.Popen([CLI, "events", *map(str, args)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, bufsize=0)
+        self.pending = b""
+
+    def lines(self, count: int, timeout_s: float = 60) -> list[dict[str, Any]]:
+        """The next `count` JSON lines; fails the test if they do not come within `timeout_s` (a hang bound)."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while self.pending.count(b"\n") < count:
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"the follower printed {self.pending.count(NEWLINE)} of {count} lines within {timeout_s} s"
+            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            assert chunk, f"the follower ended with {self.proc.wait()}: {self.proc.communicate()[1]!r}"
+            self.pending += chunk
+        *taken, self.pending = self.pending.split(b"\n", count)
+        return [json.loads(line) for line in taken]
+
+    def stop(self, signum: int = signal.SIGTERM) -> tuple[int, bytes, bytes]:
+        """Signal it; its exit code and whatever else it printed."""
+        self.proc.send_signal(signum)
+        out, err = self.proc.communicate(timeout=60)
+        return self.proc.returncode, self.pending + out, err
+
+    def close(self) -> None:
+        """Kill it if a failed test left it running."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_follow_alone_prints_the_last_ten_then_what_another_process_commits(
+        fleet_log: FleetLog, every_event: list[dict[str, Any]], tmp_path: Path) -> None:
+    path = copy_store(fleet_log[0], tmp_path / "followed.db", seal=False)
+    follower = Follower(path, "-f", "-j")
+    try:
+        assert follower.lines(10) == every_event[-10:]
+        seq = append_lease(path, "runner-1", "s-late")
+        (late,) = follower.lines(1)
+        assert (late["seq"], late["stream"], late["type"]) == (seq, "runner-1", "LeaseAcquired")
+        code, rest, err = follower.stop(signal.SIGTERM)
+        assert (code, rest) == (0, b""), err
+        assert b"Traceback" not in err
+    finally:
+        follower.close()
+
+
+def test_follow_with_n_prints_n_then_follows_one_runner_across_processes(
+        fleet_log: FleetLog, every_event: list[dict[str, Any]], tmp_path: Path) -> None:
+    path = copy_store(fleet_log[0], tmp_path / "followed.db", seal=False)
+    mine = [event for event in every_event if event["stream"] == "runner-1"]
+    follower = Follower(path, "-n", "3", "-f", "-r", "runner-1", "-j")
+    try:
+        assert follower.lines(3) == mine[-3:]
+        append_lease(path, "runner-0", "s-other")  # another runner: not this follower's
+        seq = append_lease(path, "runner-1", "s-mine")
+        (late,) = follower.lines(1)
+        assert (late["seq"], late["stream"]) == (seq, "runner-1")
+        code, rest, err = follower.stop(signal.SIGINT)
+        assert (code, rest) == (0, b""), err
+    finally:
+        follower.close()
+
+
+def test_follow_with_n_0_prints_only_what_is_committed_later(fleet_log: FleetLog, tmp_path: Path) -> None:
+    path = copy_store(fleet_log[0], tmp_path / "followed.db", seal=False)
+    follower = Follower(path, "-f", "-n", "0", "-j")
+    try:
+        # Nothing says when it has read the head, so commit until it prints: the first line it prints is
+        # one committed here, never one of the log's old events.
+        committed: list[int] = []
+        while not select.select([follower.proc.stdout], [], [], 0.3)[0] and len(committed) < 200:
+            committed.append(append_lease(path, "runner-0", f"s-{len(committed)}"))
+        (first,) = follower.lines(1)
+        assert first["seq"] in committed and first["seq"] > fleet_log[1]["head"]
+        assert follower.stop()[0] == 0
+    finally:
+        follower.close()
+
+
+@pytest.mark.parametrize("start", [("--after", "AFTER"), ("--since", "SINCE")], ids=" ".join)
+def test_follow_starts_where_n_after_or_since_says(fleet_log: FleetLog, every_event: list[dict[str, Any]],
+                                                  tmp_path: Path, start: tuple[str, str]) -> None:
+    path = copy_store(fleet_log[0], tmp_path / "followed.db", seal=False)
+    after, since = every_event[2]["seq"], every_event[-15]["at"]
+    first = {"AFTER": every_event[3:],
+             "SINCE": [event for event in every_event if event["at"] >= since]}[start[1]]
+    assert len(first) != 10
+    value = {"AFTER": str(after), "SINCE": since}[start[1]]
+    follower = Follower(path, "-f", "-j", start[0], value)
+    try:
+        assert follower.lines(len(first)) == first
+        seq = append_lease(path, "runner-0", "s-late")
+        assert [event["seq"] for event in follower.lines(1)] == [seq]
+        code, rest, _ = follower.stop()
+        assert (code, rest) == (0, b"")
+    finally:
+        follower.close()
+
+
+# --- exit codes: every one the command line can return is documented -----------------------------------
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/05-audit.md"])
+def test_every_exit_code_is_in_the_readme_and_the_audit_page(page: str) -> None:
+    from lifecycle_es.cli import exits
+
+    codes = {getattr(exits, name) for name in exits.__all__ if name.startswith("EXIT_")}
+    assert {0, 64, 65, 66, 70, 73, 74, 75, 76, 77, 130} <= codes
+    text = (Path(__file__).resolve().parent.parent / page).read_text()
+    documented = {int(code) for code in re.findall(r"^\| (\d+) \| \S", text, flags=re.M)}
+    assert documented == codes
