@@ -191,17 +191,15 @@ def _log(context: Context, name: str, events: int, **options: float | None) -> s
 
 
 def _audit_rate(path: str, jobs: int) -> Callable[[], float]:
-    from lifecycle_es.cli.access import open_store
-    from lifecycle_es.cli.proof import audit
+    from lifecycle_es import audit
 
     def one_round() -> float:
-        with open_store(path, seal=False) as store:
-            def whole() -> int:
-                report = audit(store, key=None, jobs=jobs, seal_path=None, progress=False)
-                assert report.ok, report.first
-                assert report.jobs == jobs, (report.jobs, jobs)
-                return report.events
-            return rate(whole)
+        def whole() -> int:
+            report = audit(path, jobs=jobs)
+            assert report.ok, report.first_problem
+            assert report.jobs == jobs, (report.jobs, jobs)
+            return report.events
+        return rate(whole)
     return one_round
 
 

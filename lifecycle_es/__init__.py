@@ -5,6 +5,7 @@ side lives in `projections`, the host driver in `hosts`; this package imports ne
 """
 
 from ._version import __version__ as __version__
+from .auditing import AuditReport, Problem, audit
 from .authority import assert_lease_authority, lifecycle_profile_from_lease
 from .errors import (
     EXIT_DATAERR,
@@ -53,6 +54,7 @@ __all__ = [
     "EXIT_FENCED",
     "EXIT_HELD",
     "EXIT_SOFTWARE",
+    "AuditReport",
     "AuthorityError",
     "BaseDirClaim",
     "ConcurrencyError",
@@ -74,6 +76,7 @@ __all__ = [
     "PollResult",
     "PostSessionHook",
     "PreflightError",
+    "Problem",
     "ProxyAuthority",
     "ProxyRef",
     "RecordedEvent",
@@ -96,5 +99,6 @@ __all__ = [
     "UnknownRunnerError",
     "VerifyReport",
     "assert_lease_authority",
+    "audit",
     "lifecycle_profile_from_lease",
 ]

@@ -19,7 +19,7 @@ from typing import Any, Union
 import msgspec
 
 from .canonical import PLAIN_TYPES, struct_bytes, structs_bytes
-from .errors import InvalidInputError
+from .errors import IntegrityError, InvalidInputError
 from .values import ProxyAuthority, Resources
 
 RUNNER_SCHEMA = "cc-execution-location-runner-lifecycle/v1"
@@ -276,6 +276,20 @@ def _refuse_non_event(value: object) -> None:
 def decode(body: bytes) -> Event:
     """The event whose canonical bytes are `body`; raises msgspec.ValidationError / DecodeError."""
     return _DECODER.decode(body)
+
+
+def decode_recorded(seq: int, stream: str, type_: str, body: bytes) -> Event:
+    """The event a log row holds, or the IntegrityError that names its seq: the one place a row's body
+    is decoded and held to its ``type`` column (every reader, replay and audit goes through it)."""
+    try:
+        event = _DECODER.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
+        # TypeError: a body that is not bytes at all (NULL from a damaged page, text smuggled past STRICT).
+        raise IntegrityError(seq, f"body is not a valid event: {exc}", stream=stream) from None
+    tag = event.__struct_config__.tag
+    if tag != type_:
+        raise IntegrityError(seq, f"type column {type_!r} differs from body tag {tag!r}", stream=stream)
+    return event
 
 
 def as_dict(event: Event) -> dict[str, Any]:

@@ -24,8 +24,8 @@ from .backend import Row
 from .canonical import parse_iso_ms
 from .draft import RunnerDraft, is_keyed, thaw
 from .errors import IntegrityError, LifecycleError, StoreError, StoreKeyError
-from .events import Event, decode, type_of
-from .runner import RunnerState, apply, decode_state, encode_state, start, step
+from .events import Event, decode_recorded
+from .runner import RunnerState, decode_state, encode_state, start, step
 from .store import EventStore, RecordedEvent
 
 
@@ -47,34 +47,15 @@ _KEY_AFTER = 4
 
 
 def fold(state: RunnerState | None, recorded: RecordedEvent) -> RunnerState:
-    """Apply one recorded event; any broken rule becomes IntegrityError at its seq."""
-    try:
-        return apply(state, recorded.event, parse_iso_ms(recorded.at), recorded.at)
-    except IntegrityError:
-        raise
-    except (LifecycleError, ValueError) as exc:
-        raise IntegrityError(recorded.seq, f"{recorded.type} breaks the rules: {exc}", stream=recorded.stream) from None
+    """Apply one recorded event to `state` through the rules; any broken rule is IntegrityError at its seq.
 
-
-def fold_row(state: RunnerState | None, seq: int, stream: str, type_: str, at: str, body: bytes) -> RunnerState:
-    """`fold` of an event given as its row's columns, for a replay that reads rows and keeps none.
-
-    The same checks and errors as ``fold(state, RecordedEvent(...))`` (a body that is not an event, a
-    ``type`` column that is not the body's tag, a broken rule: IntegrityError at `seq`), without
-    making a RecordedEvent per row.
+    The same path as a `Fold` of one event (every replay folds one way).
     """
-    try:
-        event = decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:  # TypeError: a body not bytes
-        raise IntegrityError(seq, f"body is not a valid event: {exc}", stream=stream) from None
-    if type_of(event) != type_:
-        raise IntegrityError(seq, f"type column {type_!r} differs from body tag {type_of(event)!r}", stream=stream)
-    try:
-        return apply(state, event, parse_iso_ms(at), at)
-    except IntegrityError:
-        raise
-    except (LifecycleError, ValueError) as exc:
-        raise IntegrityError(seq, f"{type_} breaks the rules: {exc}", stream=stream) from None
+    folding = Fold(Folded(state, recorded.version - 1, recorded.seq - 1))
+    folding.add(recorded)
+    folded = folding.state()
+    assert folded is not None  # an event was folded
+    return folded
 
 
 def snapshot_blob(store: EventStore, stream: str, version: int, seq: int, event_hash: bytes, state: bytes) -> bytes:
@@ -158,8 +139,9 @@ def _log_rows(store: EventStore) -> Iterator[Row]:
 class Fold:
     """One stream's events folded through the rules into a draft, frozen when the result is asked for.
 
-    The same checks and errors as `fold` event by event (a broken rule is an IntegrityError at its
-    seq), without a frozen state per event: after the first few events the draft keeps its leases
+    Every replay folds this way (commands catching up, projections, rebuild, the audit): a row's body
+    decoded by ``events.decode_recorded`` and each event stepped through the rules, a broken rule an
+    IntegrityError at its seq; without a frozen state per event: after the first few events the draft keeps its leases
     keyed and changes them in place (see ``draft.py``), so an event costs the same however many leases
     the runner retains. `hash` is the last event's hash and `steps` how many were folded. A Fold that
     raised is not to be used again.
@@ -183,14 +165,7 @@ class Fold:
     def add_row(self, row: Row) -> None:
         """`add` of an event given as its backend row: the same checks and errors as ``RecordedEvent.event``."""
         seq, stream, version, type_, at, body, _, digest = row
-        try:
-            event = decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:  # TypeError: a body not bytes
-            raise IntegrityError(seq, f"body is not a valid event: {exc}", stream=stream) from None
-        if type_of(event) != type_:
-            raise IntegrityError(seq, f"type column {type_!r} differs from body tag {type_of(event)!r}",
-                                 stream=stream)
-        self._step(event, seq, stream, type_, at)
+        self._step(decode_recorded(seq, stream, type_, body), seq, stream, type_, at)
         self.version = version
         self.hash = digest
 

@@ -29,8 +29,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
-import msgspec
-
 from . import chain
 from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, Row
 from .canonical import MAX_EPOCH_MS, iso_ms, timestamp
@@ -43,17 +41,17 @@ from .errors import (
     StoreIOError,
     StoreKeyError,
 )
-from .events import Event, decode, encode_all, type_of
+from .events import Event, decode_recorded, encode_all
 from .files import text_path as _text_path
 from .seal import Seal, check_seal, read_seal, write_seal
 from .sqlite import SqliteBackend
 from .sqlite_profile import DURABILITY
 from .values import safe_id, safe_int, shown
+from .verify import ChainCheck, well_formed_at
 
 PAGE = PAGE_ROWS
 # Where an ``at`` as the store writes it (YYYY-MM-DDTHH:MM:SS.mmmZ: fixed width, so text order is time
 # order) has its separators: positions 4, 7, ... 19, and the Z at 23.
-AT_SEPARATORS = "--T::."
 
 
 class RecordedEvent:
@@ -86,15 +84,7 @@ class RecordedEvent:
     def event(self) -> Event:
         """The decoded event object."""
         if self._event is None:
-            try:
-                decoded = decode(self.body)
-            except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
-                # TypeError: a body that is not bytes at all (NULL from a damaged page, text smuggled past STRICT).
-                raise IntegrityError(self.seq, f"body is not a valid event: {exc}", stream=self.stream) from None
-            if type_of(decoded) != self.type:
-                raise IntegrityError(self.seq, f"type column {self.type!r} differs from body tag "
-                                               f"{type_of(decoded)!r}", stream=self.stream)
-            self._event = decoded
+            self._event = decode_recorded(self.seq, self.stream, self.type, self.body)
         return self._event
 
     def row(self) -> Row:
@@ -455,22 +445,20 @@ class EventStore:
         """
         key = self._verify_key(key)
         with self._backend.read_tx("verify"):
-            prev = chain.genesis(self.store_id, key)
-            versions: dict[str, int] = {}
-            expected = 1
-            at: str | None = None
-            for recorded in self.read():
-                check_link(recorded, expected_seq=expected, prev=prev, key=key, versions=versions, after_at=at or "")
-                prev, at = recorded.hash, recorded.at
-                expected += 1
-                if progress is not None and expected % 10_000 == 0:
-                    progress(expected - 1)
-            # read() walks seq 1, 2, ...; a row moved to seq <= 0 would sit outside that walk unseen.
+            check = ChainCheck(self.store_id, key, versions=True)
+            for page in self._backend.pages(after=0, stream=None):
+                for row in page:
+                    check.row(row)
+                if progress is not None:
+                    progress(check.expected - 1)
+            read = check.expected - 1
+            # The walk reads seq 1, 2, ...; a row moved to seq <= 0 would sit outside it unseen.
             count, lowest = self._backend.seq_bounds()
-            if count != expected - 1:
-                raise IntegrityError(expected, f"the log holds {count} events but its chain only {expected - 1}: "
+            if count != read:
+                raise IntegrityError(read + 1, f"the log holds {count} events but its chain only {read}: "
                                                f"an event lies outside it (lowest seq {lowest})")
-            report = VerifyReport(expected - 1, len(versions), Head(expected - 1, prev, at))
+            assert check.versions is not None
+            report = VerifyReport(read, len(check.versions), Head(read, check.prev, check.prev_at or None))
         if seal is not None:
             self.check_seal(_text_path(seal, "seal"), key=key)
         return report
@@ -515,43 +503,10 @@ class EventStore:
         return chain.snapshot_tag(self.store_id, stream, version, seq, event_hash, state, self._key)
 
 
-def check_link(recorded: RecordedEvent, *, expected_seq: int, prev: bytes, key: bytes | None,
-               versions: dict[str, int], after_at: str = "") -> None:
-    """Check one event against the chain: its seq, version, prev link and hash, and its ``at`` against
-    `after_at`, the at of the event before it ("" for the first). IntegrityError if not."""
-    seq = recorded.seq
-    if seq != expected_seq:
-        raise IntegrityError(expected_seq, f"seq {seq} found where {expected_seq} was due (a gap or a reorder)",
-                             stream=recorded.stream)
-    wanted_version = versions.get(recorded.stream, 0) + 1
-    if recorded.version != wanted_version:
-        raise IntegrityError(seq, f"version {recorded.version} where {wanted_version} was due", stream=recorded.stream)
-    versions[recorded.stream] = wanted_version
-    if recorded.prev != prev:
-        raise IntegrityError(seq, "prev does not link to the hash of the event before it", stream=recorded.stream)
-    digest = chain.link(prev, seq, recorded.stream, recorded.version, recorded.type, recorded.at,
-                        recorded.body, key)
-    if digest != recorded.hash:
-        raise IntegrityError(seq, "hash does not match the event's contents", stream=recorded.stream)
-    at = recorded.at  # text: the hash was framed from it
-    if at < after_at or len(at) != 24 or at[23] != "Z" or at[4:20:3] != AT_SEPARATORS:
-        raise time_problem(seq, recorded.stream, at, after_at)
-
-
-def time_problem(seq: int, stream: str | None, at: str, after_at: str) -> IntegrityError:
-    """The IntegrityError of an event whose `at` is not a time as the store writes one, or is earlier than
-    `after_at`, the at of the event before it."""
-    if len(at) != 24 or at[23] != "Z" or at[4:20:3] != AT_SEPARATORS:
-        return IntegrityError(seq, f"its at {shown(at)} is not a time as the store writes one "
-                                   "(YYYY-MM-DDTHH:MM:SS.mmmZ)", stream=stream)
-    return IntegrityError(seq, f"its at {at} is earlier than {after_at}, the at of the event before it: time "
-                               "ran backwards (the store never stamps an event before the log's head)", stream=stream)
-
-
 def _not_before(at: str, seq: int, head_at: object, *, stamped: bool) -> str:
     """`at` for an event appended after a head stamped `head_at`, later than `at`: the head's time when the
     store's clock stamped it (a clock that stepped back), InvalidInputError when the caller named it."""
-    if type(head_at) is not str or len(head_at) != 24 or head_at[23] != "Z" or head_at[4:20:3] != AT_SEPARATORS:
+    if type(head_at) is not str or not well_formed_at(head_at):
         raise IntegrityError(seq, f"the log's head has at {shown(head_at)}, not a time as the store writes one: "
                                   "audit the file (lifecycle-es audit)")
     if not stamped:

@@ -28,9 +28,9 @@ from test_cli_logs import (
 )
 
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerState
+from lifecycle_es.auditing import AuditReport
 from lifecycle_es.cli.audit import summary
 from lifecycle_es.cli.exits import one_line, printable
-from lifecycle_es.cli.proof import AuditReport
 from lifecycle_es.cli.show import fleet_text, runner_text
 from lifecycle_es.events import RUNNER_SCHEMA, LeaseAcquired, LeaseSettled, RunnerInitialized
 from lifecycle_es.receipts import project
@@ -187,7 +187,7 @@ def test_every_human_rendering_escapes_hostile_text() -> None:
     data = {"head_seq": 2, "runner": msgspec.to_builtins(project(state)), "leases": msgspec.to_builtins(state.leases)}
     fleet = msgspec.to_builtins(fleet_of({state.runner_id: state}, 2))
     report = AuditReport(path="/tmp/\u202eevil.db", keyed=False)
-    report.add(2, "runner-x", f"lease {EVIL_LEASE} breaks the rules\u2028next line")
+    report.add(2, "runner-x", "rules", f"lease {EVIL_LEASE} breaks the rules\u2028next line")
     report.warnings.append(f"session {EVIL_SESSION}")
     for rendered in (runner_text(data, 2), fleet_text(fleet, 2), summary(report)):
         assert not unescaped(rendered), ascii(rendered)

@@ -32,7 +32,7 @@ from test_cli_logs import (
 )
 
 from lifecycle_es import chain
-from lifecycle_es.cli.jobs import split
+from lifecycle_es.walk import split
 
 FleetLog = tuple[Path, dict[str, int]]
 

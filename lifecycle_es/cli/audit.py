@@ -16,9 +16,11 @@ import json
 import os
 from typing import Any
 
+from lifecycle_es.auditing import audit
+
 from .access import default_seal, int_at_least, open_store, read_key_file
 from .exits import EXIT_DATAERR, EXIT_OK, classify, one_line, printable
-from .render import pairs
+from .render import Progress, pairs
 
 
 def register(subparsers: Any) -> None:
@@ -41,15 +43,33 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
+class _Bar:
+    """The progress bar the command line draws for `lifecycle_es.audit`'s progress callback."""
+
+    def __init__(self) -> None:
+        self.bar: Progress | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = Progress("audit", total)
+        self.bar.update(done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def run(args: argparse.Namespace) -> int:
     """Audit the file; print the summary; 0 when whole, 65 when not."""
-    from .proof import audit  # imports projections: only when a log is audited
-
     try:
         key = read_key_file(args.key_file) if args.key_file else None
         seal_path = default_seal(args.file, args.seal)
         with open_store(args.file, key=key, seal=False, need_key=True) as store:
-            report = audit(store, key=key, jobs=args.jobs, seal_path=seal_path)
+            bar = _Bar()
+            try:
+                report = audit(store, key=key, seal=seal_path, jobs=args.jobs, progress=bar)
+            finally:
+                bar.close()
             if args.html:
                 from .audit_page import write_page
 
@@ -65,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     code = EXIT_OK if report.ok else EXIT_DATAERR
     if args.json:
-        print(json.dumps(report.as_json(code)))
+        print(json.dumps({**report.as_dict(), "exit_code": code}))
     else:
         print(summary(report))
     return code
@@ -91,7 +111,7 @@ def summary(report: Any) -> str:
          if report.read_models_checked is None else f"{report.read_models_checked:,} runners checked"),
         ("seal", seal if report.caches_checked or report.seal is not None else "not checked"),
     ]
-    first = report.first
+    first = report.first_problem
     if first is None:
         items.append(("result", "OK: the log is whole"))
     else:

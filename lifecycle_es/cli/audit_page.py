@@ -43,7 +43,7 @@ def page(report: Any, store: EventStore, summary: str) -> str:
     """The page's text."""
     from projections.timeline_svg import svg_text, timeline_svg  # the read side: only when a page is drawn
 
-    first = report.first
+    first = report.first_problem
     runners = [first.stream] if first is not None and first.stream is not None else None
     until = first.seq + CONTEXT_EVENTS if first is not None and first.seq is not None else None
     events = _until(readable(store), until)

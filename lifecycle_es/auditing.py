@@ -1,0 +1,320 @@
+"""The audit: one streaming pass that proves a log whole, or names its first bad seq, as a library call.
+
+    import lifecycle_es
+    report = lifecycle_es.audit("runners.db")              # a path, or an open EventStore
+    if not report.ok:
+        print(report.first_problem.seq, report.first_problem.reason)
+
+What it proves, in one read transaction (one consistent view of the log), each recorded in `checks`:
+
+- ``schema``: the file's schema is exactly the store's (no trigger, index or view added, none dropped
+  or redefined, no constraint gone, no meta key the store never writes): a writer would refuse it;
+- ``chain``: seqs contiguous from 1 (and no row outside them), every ``prev`` link, every hash (a MAC
+  in keyed mode), every ``at`` a time as the store writes one and never earlier than the one before;
+- ``rules``: every event replayed through the rules the commands obey, versions contiguous, a
+  stream's first event naming its own runner, no stream left with a park pending;
+- ``snapshots`` and ``read_models``: each snapshot's tag verifies and its state equals the replay at
+  its seq; every read-model row equals the replay (``lifecycle_es.caches``);
+- ``seal``: the log still holds the sealed hash at the sealed seq.
+
+The pass runs in this process (``jobs=1``) or in worker processes (``lifecycle_es.workers``: fresh
+interpreters, so it needs no ``__main__`` guard and works from a thread) that each check a seq range of
+the chain and replay a share of the runners. Memory is one state per runner, never the log. Only
+`LifecycleError` kinds are raised, and only when the log cannot be audited at all (a keyed store
+without its key, a file that is not a store); everything found wrong in a log is a `Problem`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .caches import SnapshotCheck, check_read_models
+from .errors import InvalidInputError, LifecycleError, StoreBehindSealError, StoreKeyError
+from .files import text_path
+from .runner import LEASE_STATUSES, STATES
+from .store import EventStore, RecordedEvent
+from .walk import Streams, Walked, open_for_audit, split, walk
+from .workers import Workers
+
+MAX_PROBLEMS = 100
+MAX_SCHEMA_PROBLEMS = 10
+MAX_REASON_CHARS = 1000
+CHECKS = ("schema", "chain", "rules", "snapshots", "read_models", "seal")
+DOWNGRADE = ("a key was given but the store claims to be unkeyed: a keyed store whose key id was removed and "
+             "whose chain and seal were re-made without the key (a downgrade) looks just like this; audit it "
+             "without the key only if it was never keyed")
+
+
+class Problem(NamedTuple):
+    """One thing found wrong: the seq it is tied to (None when none is), the stream, its kind, and why.
+
+    `kind` is one of ``schema``, ``chain``, ``rules``, ``snapshot``, ``read-model``, ``seal``, ``key``, ``read``.
+    """
+
+    seq: int | None
+    stream: str | None
+    kind: str
+    reason: str
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS - 3] + "..."
+
+
+@dataclass
+class AuditReport:
+    """What the audit found: the log's shape, what was proved (`checks`), and every problem, first bad first.
+
+    `checks` maps each of ``schema``, ``chain``, ``rules``, ``snapshots``, ``read_models`` and ``seal`` to
+    True (proved), False (a problem found there) or None (not checked: nothing to check, or an earlier
+    problem stopped the pass before it).
+    """
+
+    path: str
+    keyed: bool
+    jobs: int = 1
+    events: int = 0
+    runners: int = 0
+    states: dict[str, int] = field(default_factory=dict)
+    leases: dict[str, int] = field(default_factory=dict)
+    head_seq: int = 0
+    head_hash: str | None = None
+    snapshots_checked: int = 0
+    read_models_checked: int | None = None
+    caches_checked: bool = False  # False when a problem stopped the replay before the caches were compared
+    seal: dict[str, Any] | None = None
+    checks: dict[str, bool | None] = field(default_factory=lambda: dict.fromkeys(CHECKS))
+    warnings: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the log is whole."""
+        return not self.problems
+
+    @property
+    def streams(self) -> int:
+        """How many streams (runners) the log holds."""
+        return self.runners
+
+    @property
+    def head(self) -> tuple[int, str | None]:
+        """The log's head: its seq and hash (hex; None for an empty log)."""
+        return (self.head_seq, self.head_hash)
+
+    @property
+    def first_problem(self) -> Problem | None:
+        """The problem with the lowest seq (problems tied to no seq come last); None when the log is whole."""
+        if not self.problems:
+            return None
+        return min(self.problems, key=lambda problem: (problem.seq is None, problem.seq or 0))
+
+    def add(self, seq: int | None, stream: str | None, kind: str, reason: str) -> None:
+        """Record a problem (the first MAX_PROBLEMS of them; a reason quoting a huge value is cut short)."""
+        check = {"snapshot": "snapshots", "read-model": "read_models", "key": "chain", "read": "chain"}.get(kind, kind)
+        self.checks[check] = False
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(Problem(seq, stream, kind, _one_line(reason)))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as plain JSON values (what ``lifecycle-es audit --json`` prints, less its exit code)."""
+        first = self.first_problem
+        return {
+            "ok": self.ok, "path": self.path, "events": self.events, "runners": self.runners,
+            "states": self.states, "leases": self.leases, "head_seq": self.head_seq, "head_hash": self.head_hash,
+            "first_bad_seq": first.seq if first else None, "stream": first.stream if first else None,
+            "kind": first.kind if first else None, "reason": first.reason if first else None,
+            "checks": self.checks, "snapshots_checked": self.snapshots_checked,
+            "read_models_checked": self.read_models_checked, "caches_checked": self.caches_checked,
+            "seal": self.seal, "jobs": self.jobs, "keyed": self.keyed, "warnings": self.warnings,
+            "problems": [problem._asdict() for problem in sorted(
+                self.problems, key=lambda problem: (problem.seq is None, problem.seq or 0))],
+        }
+
+
+def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = None,
+          seal: str | os.PathLike[str] | None = None, jobs: int = 1,
+          progress: Callable[[int, int], None] | None = None) -> AuditReport:
+    """Audit the log at `target` (a store file's path, or an open `EventStore`) and report what holds.
+
+    `key`: the store's 32-byte key (a keyed store's hashes are MACs: without it StoreKeyError; given for
+    a store that claims to be unkeyed, the audit goes on and reports a possible downgrade). `seal`: the
+    seal file to check (default: ``<path>.seal`` when one is there). `jobs`: worker processes sharing
+    the pass (a log under 10,000 events a worker is walked in this process). `progress`: called with
+    (events read, events in the log) as the pass goes; the library draws nothing. A path is opened
+    read-only: nothing in the file, its -wal or its seal changes.
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise InvalidInputError("jobs", f"jobs is invalid: {jobs!r} is not a count of worker processes (>= 1)")
+    if progress is not None and not callable(progress):
+        raise InvalidInputError("progress", "progress must be a callable taking (done, total), or None")
+    if key is not None and (not isinstance(key, bytes | bytearray) or len(key) != 32):
+        raise InvalidInputError("key", "key must be 32 bytes")
+    seal_path = text_path(seal, "seal") if seal is not None else None
+    if isinstance(target, EventStore):
+        return _audit(target, key, seal_path, jobs, progress)
+    path = text_path(target, "target")
+    if seal_path is None and os.path.lexists(path + ".seal"):
+        seal_path = path + ".seal"
+    store = open_for_audit(path, None)
+    try:
+        downgraded = key is not None and store.key_id is None
+        if not downgraded:
+            store.close()
+            store = open_for_audit(path, key)
+        report = _audit(store, None if downgraded else key, seal_path, jobs, progress)
+        if downgraded:
+            report.add(None, None, "key", DOWNGRADE)
+        return report
+    finally:
+        store.close()
+
+
+def _audit(store: EventStore, key: bytes | None, seal_path: str | None, jobs: int,
+           progress: Callable[[int, int], None] | None) -> AuditReport:
+    key = key if key is not None else store._key
+    if store.key_id is not None and key is None:
+        raise StoreKeyError("the store is keyed: its hashes are MACs, so auditing it needs its key")
+    report = AuditReport(path=store.path, keyed=store.keyed)
+    with store.backend.read_tx("audit"):
+        schema = store.schema_problems()
+        # A few name it; the rest are counted, so that a file with thousands leaves room for the log's own.
+        for problem in schema[:MAX_SCHEMA_PROBLEMS]:
+            report.add(None, None, "schema", f"the store's schema was altered outside lifecycle-es: {problem}")
+        if len(schema) > MAX_SCHEMA_PROBLEMS:
+            report.add(None, None, "schema", f"the store's schema was altered outside lifecycle-es in "
+                                             f"{len(schema) - MAX_SCHEMA_PROBLEMS} more ways")
+        if not schema:
+            report.checks["schema"] = True
+        head = store.head()
+        report.head_seq = head.seq
+        report.head_hash = head.hash.hex() if head.seq else None
+        _, lowest = store.backend.seq_bounds()
+        if lowest is not None and lowest < 1:
+            # A walk reads seq 1, 2, ...: a row at seq <= 0 lies outside every walk and every hash.
+            report.add(lowest, None, "chain", f"an event lies outside the chain, at seq {lowest}")
+            return report
+        snapshots = SnapshotCheck(store)
+        position = store.backend.read_model_position()
+        # Only the events a snapshot was taken at need their state handed back for the snapshot check.
+        snapshot_seqs = frozenset(seq for _, seq in store.backend.snapshot_positions())
+        walks = _walks(store, key, head.seq, jobs, position, snapshot_seqs, report, progress)
+        streams, captured = _merge(report, walks, snapshots)
+        if any(walked.problem is not None for walked in walks):
+            return report  # what follows compares against a replay that did not finish
+        report.checks["chain"] = report.checks["rules"] = True
+        for stream, (state, _, seq) in streams.items():
+            if state.pending_park is not None:
+                report.add(seq, stream, "rules", f"the stream ends with a park pending ({state.pending_park}): the "
+                                                 "RunnerParked the rules require in the same transaction is missing")
+        _check_caches(store, report, snapshots, position, captured, streams)
+        if seal_path is not None:
+            _check_seal(store, report, seal_path, key)
+    return report
+
+
+def _walks(store: EventStore, key: bytes | None, head: int, jobs: int, position: int | None,
+           snapshot_seqs: frozenset[int], report: AuditReport,
+           progress: Callable[[int, int], None] | None) -> list[Walked]:
+    ranges = split(head, jobs) if jobs > 1 else []
+    report.jobs = len(ranges) if len(ranges) > 1 else 1
+    tell = (lambda rows: progress(rows, head)) if progress is not None else None
+    if report.jobs == 1:
+        return [walk(store, key, head=head, chain_range=(1, head), share=None, position=position,
+                     snapshot_seqs=snapshot_seqs, progress=tell)]
+    calls = [(store.path, key, head, first, last, part, len(ranges), position, snapshot_seqs)
+             for part, (first, last) in enumerate(ranges)]
+    with Workers("lifecycle_es.walk:walk_share", calls, progress=tell) as workers:
+        results: list[Walked] = workers.results()
+    return results
+
+
+def _merge(report: AuditReport, walks: list[Walked], snapshots: SnapshotCheck) -> tuple[Streams, Streams | None]:
+    """Fold the walks' findings into the report; the runners at the end and as of the read models' seq."""
+    streams: Streams = {}
+    captured: Streams | None = None
+    seen = set()
+    for walked in walks:
+        if walked.problem is not None and walked.problem not in seen:  # a gap is every walker's to find
+            seen.add(walked.problem)
+            report.add(*walked.problem)
+        streams.update(walked.streams)
+        if walked.captured is not None:
+            captured = {**(captured or {}), **walked.captured}
+        for row, state in walked.at_snapshots:
+            snapshots.observe(RecordedEvent(*row), state)
+    first = min((walked.problem for walked in walks if walked.problem is not None and walked.problem.seq is not None),
+                key=lambda found: found.seq or 0, default=None)
+    report.events = first.seq - 1 if first is not None and first.seq is not None else min(
+        walked.rows for walked in walks)
+    states = dict.fromkeys(STATES, 0)
+    leases = dict.fromkeys(LEASE_STATUSES, 0)
+    for state, _, _ in streams.values():
+        states[state.state] = states.get(state.state, 0) + 1
+        for lease in state.leases:
+            leases[lease.status] = leases.get(lease.status, 0) + 1
+    report.runners, report.states, report.leases = len(streams), states, leases
+    return streams, captured
+
+
+def _check_caches(store: EventStore, report: AuditReport, snapshots: SnapshotCheck, position: int | None,
+                  captured: Streams | None, streams: Streams) -> None:
+    """Snapshots and read models against the replay. Their tables may be hostile too: any failure to
+    read them is a problem found, not a crash."""
+    report.caches_checked = True
+    try:
+        for seq, stream, reason in snapshots.finish():
+            report.add(seq, stream, "snapshot", reason)
+        report.warnings += snapshots.warnings
+        # SnapshotCheck looks up the snapshots of the log's streams; one of a stream the log does not have
+        # would be loaded by nobody, but it is not the replay's either.
+        for stream, seq in store.backend.snapshot_positions():
+            if stream not in streams:
+                report.add(seq, stream, "snapshot", f"snapshot of {stream!r}, a runner the log does not have")
+        report.snapshots_checked = snapshots.checked
+        if report.checks["snapshots"] is None and snapshots.checked:
+            report.checks["snapshots"] = True
+        if not store.backend.read_model_tables():
+            return
+        # Every row is compared with a replay, whatever the position table says or lacks: as of the position
+        # when it is one the log holds, else as of the head (and the position is a problem of its own).
+        head = report.head_seq
+        states, as_of = (captured or {}), position
+        if position is None:
+            report.add(None, None, "read-model", "read model: its tables are there but read_model_position "
+                                                 "is not: nothing says which seq they show")
+            states, as_of = streams, head
+        elif not 0 <= position <= head:
+            report.add(head + 1 if position > head else None, None, "read-model",
+                       f"the read models are at seq {position}, " + (
+                           f"beyond the log's head {head}: the log lost events they saw" if position > head
+                           else "which is no seq"))
+            states, as_of = streams, head
+        for runner_id, what in check_read_models(store, states):
+            seq = states[runner_id][2] if runner_id in states else None
+            report.add(seq, runner_id, "read-model", f"read model: {what} (as of seq {as_of})")
+        report.read_models_checked = len(states)
+        if report.checks["read_models"] is None:
+            report.checks["read_models"] = True
+    except (LifecycleError, TypeError, ValueError) as exc:
+        report.add(None, None, "read-model", f"the snapshots or read models could not be checked: {exc}")
+
+
+def _check_seal(store: EventStore, report: AuditReport, seal_path: str, key: bytes | None) -> None:
+    report.seal = {"path": seal_path, "ok": False}
+    try:
+        sealed = store.check_seal(seal_path, key=key)
+    except StoreBehindSealError as exc:
+        report.seal.update(seq=exc.sealed_seq)
+        seq = exc.head_seq + 1 if exc.head_seq < exc.sealed_seq else exc.sealed_seq
+        report.add(seq, None, "seal", f"the log is behind its seal (sealed at seq {exc.sealed_seq}): {exc.reason}")
+        return
+    except LifecycleError as exc:  # a damaged or forged seal, or one made for another key
+        report.add(None, None, "seal", f"the seal cannot be trusted: {exc}")
+        return
+    report.seal.update(ok=True, seq=sealed.seq, hash=sealed.hash, at=sealed.at)
+    report.checks["seal"] = True

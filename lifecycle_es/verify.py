@@ -1,0 +1,91 @@
+"""The one chain verifier: rows in seq order, each proved against the one before it.
+
+`EventStore.verify` and the audit's walk both run every row through a `ChainCheck`, so a chain is
+proved one way whichever asks. A row passes when its seq is the one due (1, 2, ... no gap), its
+``prev`` is the hash of the row before (the genesis link, derived from the store id, before seq 1),
+its ``hash`` is ``chain.link`` of its contents (a MAC with the key), and its ``at`` is a time as the
+store writes one and not earlier than the row before it. Optionally versions run 1, 2, ... per stream.
+
+    check = ChainCheck(store.store_id, key)
+    for page in backend.pages(after=0, stream=None):
+        for row in page:
+            check.row(row)
+
+A range of the chain can be checked alone (the audit's workers): the first row of the range links to
+a hash read from the row before it, which the worker of the range before proves.
+"""
+
+from __future__ import annotations
+
+from . import chain
+from .backend import Row
+from .errors import IntegrityError
+from .values import shown
+
+AT_SEPARATORS = "--T::."  # the separators of YYYY-MM-DDTHH:MM:SS.mmmZ, at positions 4, 7, 10, 13, 16, 19
+
+
+def well_formed_at(at: str) -> bool:
+    """Whether `at` is a time as the store writes one, ``YYYY-MM-DDTHH:MM:SS.mmmZ`` (so text order is time order)."""
+    return len(at) == 24 and at[23] == "Z" and at[4:20:3] == AT_SEPARATORS
+
+
+def time_problem(seq: int, stream: str | None, at: str, after_at: str) -> IntegrityError:
+    """The IntegrityError of an event whose `at` is not a time as the store writes one, or is earlier than
+    `after_at`, the at of the event before it."""
+    if not well_formed_at(at):
+        return IntegrityError(seq, f"its at {shown(at)} is not a time as the store writes one "
+                                   "(YYYY-MM-DDTHH:MM:SS.mmmZ)", stream=stream)
+    return IntegrityError(seq, f"its at {at} is earlier than {after_at}, the at of the event before it: time "
+                               "ran backwards (the store never stamps an event before the log's head)", stream=stream)
+
+
+class ChainCheck:
+    """Proves rows one after another (see the module docstring); `row` raises IntegrityError at the first bad one.
+
+    `first`/`last`: the seqs whose links, hashes and times are checked (the rest are only counted, each
+    row's hash carried as the next one's ``prev``). `versions`: also check that versions run 1, 2, ...
+    per stream. After the walk, `expected - 1` rows were read, `prev`/`prev_at` are the last row's.
+    """
+
+    __slots__ = ("expected", "first", "key", "last", "prev", "prev_at", "versions")
+
+    def __init__(self, store_id: bytes, key: bytes | None, *, first: int = 1, last: int | None = None,
+                 versions: bool = False) -> None:
+        self.key = key
+        self.first = first
+        self.last = last
+        self.prev = chain.genesis(store_id, key)
+        self.prev_at = ""
+        self.expected = 1
+        self.versions: dict[str, int] | None = {} if versions else None
+
+    def row(self, row: Row) -> None:
+        """Check the next row of the log (the caller reads rows in seq order from seq 1)."""
+        seq, stream, version, type_, at, body, row_prev, digest = row
+        expected = self.expected
+        if seq != expected:
+            raise IntegrityError(expected, f"seq {seq} found where {expected} was due (a gap or a reorder)",
+                                 stream=stream)
+        versions = self.versions
+        if versions is not None:
+            wanted = versions.get(stream, 0) + 1
+            if version != wanted:
+                raise IntegrityError(seq, f"version {version} where {wanted} was due", stream=stream)
+            versions[stream] = wanted
+        last = self.last
+        if seq >= self.first and (last is None or seq <= last):
+            prev = self.prev
+            if row_prev != prev:
+                raise IntegrityError(seq, "prev does not link to the hash of the event before it", stream=stream)
+            if chain.link(prev, seq, stream, version, type_, at, body, self.key) != digest:
+                raise IntegrityError(seq, "hash does not match the event's contents", stream=stream)
+            if at < self.prev_at or not well_formed_at(at):
+                raise time_problem(seq, stream, at, self.prev_at)
+        self.prev, self.prev_at = digest, at
+        self.expected = expected + 1
+
+    def finish(self, head: int) -> None:
+        """IntegrityError when the walk ended before `head` (a gap or a truncation under the head)."""
+        if self.expected <= head:
+            raise IntegrityError(self.expected, f"seq {self.expected} is missing (a gap or a truncation)")
