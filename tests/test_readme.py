@@ -29,3 +29,5 @@ def test_readme_usage_example_runs() -> None:
     assert lines[0].startswith("refused: execution location runner is not accepting this generation")
     assert lines[1] == "parked 3"
     assert lines[2].startswith("VerifyReport(events=5, streams=1")
+    assert lines[3] == ("True {'schema': True, 'chain': True, 'rules': True, 'snapshots': None, "
+                        "'read_models': None, 'seal': None}")
