@@ -1,7 +1,8 @@
-"""The interface between `EventStore` and a database: what a backend must provide.
+"""The interface between `EventStore` and a database: everything the store, the projections, the audit
+and the command line need from one, as named methods (no SQL crosses it).
 
-The SQLite backend (``sqlite.py``) is the one shipped. A PostgreSQL backend for fleets that outgrow one
-machine implements this protocol; nothing in the lifecycle or the projections changes. Rows are
+The SQLite backend (``sqlite.py``) is the one shipped; ``tests/test_backend_contract.py`` holds the
+contract every backend must pass, one abstract case subclassed once per backend. Rows are
 ``(seq, stream, version, type, at, body, prev, hash)``.
 
 Sizes: an event's body is at most `MAX_EVENT_BYTES` (512 KiB; the largest a command writes is a
@@ -27,17 +28,41 @@ PAGE_BYTES = 8 * 1024 * 1024
 
 
 class Backend(Protocol):
-    """A durable, ordered, append-only table of event rows with a write lock."""
+    """A durable, ordered, append-only log of event rows with a write lock, its metadata, snapshots and
+    read models. Methods marked "inside a write transaction" are only called within `write`."""
 
     path: str
+    """Where the store lives (a file's path; a server's URL)."""
+    read_only: bool
+    """Whether this connection was opened read-only: the store refuses every write before it reaches here."""
+    identity: tuple[int, int]
+    """The storage's identity when it was opened (see `file_identity`)."""
+
+    # --- transactions ---------------------------------------------------------------------------------
 
     def write(self, action: str) -> AbstractContextManager[Any]:
-        """A transaction that holds the write lock from its first statement to commit."""
+        """A transaction that holds the write lock from its first statement to commit (StoreBusyError when
+        the lock is not had in time; StoreIOError with ``outcome_unknown`` when a commit's fate is unknown)."""
         ...
 
     def read_tx(self, action: str) -> AbstractContextManager[Any]:
         """A read transaction: one consistent view for several queries."""
         ...
+
+    def file_identity(self) -> tuple[int, int]:
+        """The storage's identity now; a change since `identity` means it was replaced underneath
+        (StoreFencedError when it is gone)."""
+        ...
+
+    def data_version(self) -> int:
+        """A number that changes when another connection commits (followers poll it)."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection."""
+        ...
+
+    # --- metadata and schema --------------------------------------------------------------------------
 
     def meta(self, key: str) -> bytes | None:
         """A value of the store's metadata."""
@@ -47,43 +72,41 @@ class Backend(Protocol):
         """Record a metadata value (inside a write transaction)."""
         ...
 
+    def schema_problems(self) -> list[str]:
+        """How the storage's schema differs from the store's (empty when exact)."""
+        ...
+
+    # --- the log --------------------------------------------------------------------------------------
+
     def head(self) -> tuple[int, bytes | None, str | None]:
-        """(seq, hash, at) of the last event, by index."""
-        ...
-
-    def stream_version(self, stream: str) -> int:
-        """The last version of a stream, by index."""
-        ...
-
-    def tail(self, stream: str) -> tuple[int, int, bytes | None, str | None]:
-        """(stream version, head seq, head hash, head at; None for an empty log), read together by index."""
+        """(seq, hash, at) of the last event; (0, None, None) for an empty log."""
         ...
 
     def head_at(self) -> str | None:
-        """The head's at (None for an empty log); inside a write transaction, what the lock holds."""
+        """The last event's at (None for an empty log); inside a write transaction, without a query when
+        `tail` was just read."""
+        ...
+
+    def stream_version(self, stream: str) -> int:
+        """The last version of a stream (0 when it has none)."""
+        ...
+
+    def tail(self, stream: str) -> Tail:
+        """(stream version, head seq, head hash or None for an empty log, head at), read together."""
         ...
 
     def insert(self, rows: Sequence[Row]) -> None:
-        """Insert rows inside the current write transaction, then check that they are in the file.
-
-        StoreFormatError when they are not (the store's schema was altered: a trigger ignored them).
-        """
+        """Insert rows (inside a write transaction), then prove they landed: StoreFormatError, and nothing
+        kept, when the head is not the last row written."""
         ...
 
     def pages(self, *, after: int, stream: str | None, limit: int | None = None) -> Iterator[list[Row]]:
-        """The rows after a seq (optionally of one stream, at most `limit`), in pages of bounded size."""
+        """Rows with seq > `after` in seq order (optionally of one stream, at most `limit`), in pages
+        bounded by `PAGE_ROWS` and `PAGE_BYTES`; a body beyond `MAX_EVENT_BYTES` is IntegrityError at its seq."""
         ...
 
     def stream_pages(self, stream: str, *, after_version: int) -> Iterator[list[Row]]:
-        """One stream's rows after a version, in pages of bounded size."""
-        ...
-
-    def rows(self, *, after: int, stream: str | None, limit: int) -> list[Row]:
-        """The first page of `pages` (fewer than `limit` rows when their bodies reach PAGE_BYTES)."""
-        ...
-
-    def stream_rows(self, stream: str, *, after_version: int, limit: int) -> list[Row]:
-        """The first page of `stream_pages`, at most `limit` rows."""
+        """One stream's rows with version > `after_version`, in pages (as `pages`)."""
         ...
 
     def row_at(self, seq: int) -> Row | None:
@@ -91,41 +114,73 @@ class Backend(Protocol):
         ...
 
     def streams(self) -> list[str]:
-        """Every stream id."""
+        """Every stream id, sorted."""
         ...
 
-    def data_version(self) -> int:
-        """A number that changes when another connection commits."""
+    def seq_bounds(self) -> tuple[int, int | None]:
+        """How many rows the log holds and its lowest seq (None when empty)."""
         ...
+
+    # --- snapshots ------------------------------------------------------------------------------------
 
     def snapshot(self, stream: str) -> tuple[int, int, bytes, bytes] | None:
-        """A stream's snapshot: (version, seq, state bytes, hash of the event at seq)."""
+        """A stream's snapshot: (version, seq, tagged state bytes, hash of the event at seq)."""
+        ...
+
+    def snapshot_positions(self) -> list[tuple[str, int]]:
+        """(stream, seq) of every stored snapshot, by seq."""
         ...
 
     def put_snapshot(self, stream: str, version: int, seq: int, state: bytes, event_hash: bytes) -> None:
-        """Store a stream's snapshot inside the current write transaction."""
+        """Store a stream's snapshot (inside a write transaction)."""
         ...
 
     def clear_snapshots(self) -> None:
-        """Drop every snapshot inside the current write transaction."""
+        """Drop every snapshot (inside a write transaction)."""
         ...
 
-    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
-        """One parameterized statement (read models write through this in the event transaction)."""
+    # --- read models (rows shaped by ``lifecycle_es.read_model``) ---------------------------------------
+
+    def read_model_tables(self) -> set[str]:
+        """Which of the read models' tables (``runners``, ``leases``, ``read_model_position``) exist."""
         ...
 
-    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        """One parameterized statement run once per row (read models write many rows at once)."""
+    def create_read_models(self, *, indexes: bool = True) -> None:
+        """Create the read models' tables where missing (inside a write transaction)."""
         ...
 
-    def schema_problems(self) -> list[str]:
-        """How the file's schema differs from the store's (empty when exact); a writer refuses any."""
+    def create_read_model_indexes(self) -> None:
+        """Create the read models' secondary indexes where missing (inside a write transaction)."""
         ...
 
-    def file_identity(self) -> tuple[int, int]:
-        """An identity of the underlying file; a change means it was replaced underneath."""
+    def drop_read_models(self) -> None:
+        """Drop the read models' tables (inside a write transaction)."""
         ...
 
-    def close(self) -> None:
-        """Release the connection."""
+    def read_model_position(self) -> int | None:
+        """The last seq the read models applied: None without a position table, 0 without its row."""
+        ...
+
+    def set_read_model_position(self, seq: int) -> None:
+        """Record the last seq the read models applied (inside a write transaction)."""
+        ...
+
+    def upsert_runner_rows(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Insert or replace ``runners`` rows (inside a write transaction)."""
+        ...
+
+    def upsert_lease_rows(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Insert or replace ``leases`` rows (inside a write transaction)."""
+        ...
+
+    def delete_lease_rows(self, keys: Sequence[tuple[str, str]]) -> None:
+        """Delete ``leases`` rows by (runner id, lease id) (inside a write transaction)."""
+        ...
+
+    def read_model_rows(self, table: str) -> list[tuple[Any, ...]]:
+        """Every row of ``runners`` or ``leases`` as stored, in key order (empty when the table is missing)."""
+        ...
+
+    def lease_rows_of(self, runner_id: str) -> list[tuple[Any, ...]]:
+        """One runner's ``leases`` rows, ordered by lease id."""
         ...

@@ -81,15 +81,6 @@ def _untagged(blob: object) -> bool:
     return True
 
 
-def _untagged(blob: object) -> bool:
-    """Whether a snapshot's bytes are a state and nothing else (the format before snapshots were tagged)."""
-    try:
-        decode_state(blob)  # type: ignore[arg-type]
-    except (msgspec.DecodeError, msgspec.ValidationError, TypeError):
-        return False
-    return True
-
-
 def check_read_models(store: EventStore, replayed: Replayed) -> list[tuple[str, str]]:
     """Compare every row of ``runners`` and ``leases`` with `replayed` states ``{id: (state, version, seq)}``.
 

@@ -320,15 +320,6 @@ class SqliteBackend(ReadModelTables):
                 return
             after_version = rows[-1][2]
 
-    def rows(self, *, after: int, stream: str | None, limit: int) -> list[Row]:
-        """The first page of `pages`: up to `limit` rows, fewer when their bodies reach PAGE_BYTES."""
-        return next(self.pages(after=after, stream=stream, limit=min(limit, PAGE_ROWS)), [])
-
-    def stream_rows(self, stream: str, *, after_version: int, limit: int) -> list[Row]:
-        """Up to `limit` rows of one stream with version > `after_version`, in order (bounded as `pages`)."""
-        return self._page("read stream", "WHERE stream = ? AND version > ? ORDER BY version LIMIT ?",
-                          (stream, after_version, min(limit, PAGE_ROWS)))[0]
-
     def row_at(self, seq: int) -> Row | None:
         """The row at `seq`, if any (IntegrityError when its body is beyond the bound)."""
         rows = self._page("read event", "WHERE seq = ? LIMIT ?", (seq, 1))[0]
@@ -414,14 +405,10 @@ class SqliteBackend(ReadModelTables):
         self.conn.execute("DELETE FROM snapshots")
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
-        """Run one parameterized statement (read models use this inside the event transaction)."""
+        """Run one raw statement: for tests and tools that must reach under the store (to tamper with a
+        file, or read a pragma). Not part of `Backend`: nothing in the packages uses it."""
         with translated("execute"):
             return self.conn.execute(sql, params).fetchall()
-
-    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        """Run one parameterized statement once per row (read models, inside the event transaction)."""
-        with translated("execute"):
-            self.conn.executemany(sql, rows)
 
     def close(self) -> None:
         """Close the connection (SQLite checkpoints the WAL when the last connection closes).

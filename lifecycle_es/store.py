@@ -272,14 +272,14 @@ class EventStore:
     def _write(self, action: str) -> Any:
         if self._fence is not None:
             raise StoreFencedError(self._fence)
-        if getattr(self._backend, "read_only", False):
+        if self._backend.read_only:
             raise StoreIOError(f"{action}: the store {self.path!r} was opened read-only")
         try:
             identity = self._backend.file_identity()
         except StoreFencedError as exc:
             self.fence(str(exc))
             raise StoreFencedError(self._fence or str(exc)) from None
-        if identity != self._backend.identity:  # type: ignore[attr-defined]
+        if identity != self._backend.identity:
             self.fence(f"store file {self.path!r} was replaced underneath this connection")
             raise StoreFencedError(self._fence)  # type: ignore[arg-type]
         return self._backend.write(action)
