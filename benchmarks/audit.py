@@ -169,7 +169,7 @@ def build(path: str, events: int, *, cycle: int | None = 200, park_rate: float =
                     now_ms += STEP_MS
                     at = iso_ms(now_ms)
                     decided = runner.apply(runner.decide(now_ms, at), now_ms, at)
-                    tx.append(runner.id, decided, at=at)
+                    tx.append_unchecked(runner.id, decided, at=at)
                     batch += len(decided)
             written += batch
     return path

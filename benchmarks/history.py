@@ -67,7 +67,7 @@ def append_runner(store: EventStore, runner_id: str, count: int, *, base_dir: st
     """Append a runner of `count` events to `store`, BATCH at a time."""
     events = list(runner_events(runner_id, count, base_dir=base_dir))
     for start in range(0, len(events), BATCH):
-        store.append(runner_id, events[start:start + BATCH], at=AT)
+        store.append_unchecked(runner_id, events[start:start + BATCH], at=AT)
 
 
 def fill(store: EventStore, total: int) -> None:

@@ -65,7 +65,7 @@ class _Stream:
         return out[:count]
 
     def append(self, events: list[history.Event]) -> None:
-        self.store.append(self.stream, events, expected_version=self.version, at=history.AT)
+        self.store.append_unchecked(self.stream, events, expected_version=self.version, at=history.AT)
         self.version += len(events)
 
     def append_each(self, events: list[history.Event]) -> int:

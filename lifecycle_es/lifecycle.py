@@ -195,7 +195,8 @@ class RunnerLifecycle:
                 parked = RunnerParked(cause=state.pending_park, generation=state.generation + 1)
                 state = apply(state, parked, now_ms, at)
                 events.append(parked)
-            recorded = tx.append(self.runner_id, events, expected_version=current.version, at=at)
+            # Decided through the rules above, under this lock: appended as decided.
+            recorded = tx.append_unchecked(self.runner_id, events, expected_version=current.version, at=at)
             folded = Folded(state, recorded[-1].version, recorded[-1].seq)
             if folded.version // self._snapshot_every > current.version // self._snapshot_every:
                 write_snapshot(self.store, self.runner_id, folded, recorded[-1].hash)
@@ -247,7 +248,7 @@ class RunnerLifecycle:
                                           base_dir=self.base_dir, resources=self.resources,
                                           post_session_hook_digest=self.post_session_hook_digest)
                 state = apply(None, event, parse_iso_ms(at), at)
-                recorded = tx.append(self.runner_id, [event], expected_version=0, at=at)
+                recorded = tx.append_unchecked(self.runner_id, [event], expected_version=0, at=at)  # applied just above
                 current = Folded(state, recorded[-1].version, recorded[-1].seq)
         self._folded = current
         state = current.state

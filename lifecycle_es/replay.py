@@ -14,7 +14,7 @@ at that event's seq.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import msgspec
@@ -23,7 +23,7 @@ from . import chain
 from .backend import Row
 from .canonical import parse_iso_ms
 from .draft import RunnerDraft, is_keyed, thaw
-from .errors import IntegrityError, LifecycleError, StoreError, StoreKeyError
+from .errors import IntegrityError, InvalidInputError, LifecycleError, StoreError, StoreKeyError
 from .events import Event, decode_recorded
 from .runner import RunnerState, decode_state, encode_state, start, step
 from .store import EventStore, RecordedEvent
@@ -169,6 +169,11 @@ class Fold:
         self.version = version
         self.hash = digest
 
+    def add_event(self, event: Event, seq: int, stream: str, at: str) -> None:
+        """Fold an event about to be appended at `seq`, stamped `at` (the checks and errors of `add`)."""
+        self._step(event, seq, stream, event.__struct_config__.tag, at)  # type: ignore[arg-type]
+        self.version += 1
+
     def _step(self, event: Event, seq: int, stream: str, type_: str, at: str) -> None:
         try:
             at_ms = parse_iso_ms(at)
@@ -213,6 +218,28 @@ def fold_log(store: EventStore, *, until_seq: int | None = None) -> dict[str, Fo
             folding = folds[row[1]] = Fold()
         folding.add_row(row)
     return folds
+
+
+def check_events(store: EventStore, stream: str, events: Sequence[Event], *, version: int, seq: int,
+                 at: str) -> None:
+    """InvalidInputError("events") unless the rules accept `events` appended to `stream` (now at `version`,
+    the log at `seq`) stamped `at`, ending where the rules allow (no park left pending). Read under the
+    caller's write lock; what `EventStore.append` runs before it writes anything."""
+    base = load(store, stream)
+    if base.version != version:  # the stream moved between two reads under one lock: never expected
+        raise IntegrityError(seq, f"the stream {stream!r} is at version {base.version}, its tail says {version}")
+    folding = Fold(base)
+    for offset, event in enumerate(events):
+        try:
+            folding.add_event(event, seq + offset + 1, stream, at)
+        except IntegrityError as exc:
+            raise InvalidInputError("events", f"events[{offset}] ({type(event).__name__}) is refused by the rules: "
+                                              f"{exc.reason}") from None
+    state = folding.state()
+    if state is not None and state.pending_park is not None:
+        raise InvalidInputError("events", f"the events leave runner {stream!r} with a park pending "
+                                          f"({state.pending_park}): append the RunnerParked the rules require "
+                                          "with them")
 
 
 def write_snapshot(store: EventStore, stream: str, folded: Folded, event_hash: bytes) -> bool:

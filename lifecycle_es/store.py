@@ -288,6 +288,10 @@ class EventStore:
                at: str | None = None) -> list[RecordedEvent]:
         """Append `events` to `stream` in one transaction and return them as recorded.
 
+        The events must be ones the rules accept after the stream's last event (the rules the commands
+        obey, every field held to its command's bounds, a park the rules require included in the same
+        append): otherwise InvalidInputError("events") names the first refused event and nothing is
+        appended. Many events in one call are one transaction: the path for bulk work and imports.
         `expected_version`: the stream's version the caller decided against (0 for a new stream);
         a mismatch raises ConcurrencyError and appends nothing. `at`: the events' timestamp (default:
         the store's clock, or the head's ``at`` when the clock is behind it); one earlier than the head's
@@ -296,8 +300,19 @@ class EventStore:
         with self.transaction("append") as tx:
             return tx.append(stream, events, expected_version=expected_version, at=at)
 
+    def append_unchecked(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
+                         at: str | None = None) -> list[RecordedEvent]:
+        """`append` without the rules: the events go in chained and bounded, whatever they say.
+
+        For tests and tools that must write what the rules refuse (a forged log to test an audit with,
+        a benchmark of the store alone). A log written this way can hold events no command could have
+        written, which its audit then reports; a host or an importer uses `append`.
+        """
+        with self.transaction("append") as tx:
+            return tx.append_unchecked(stream, events, expected_version=expected_version, at=at)
+
     def _append(self, stream: str, events: Sequence[Event], expected_version: int | None,
-                at: str | None) -> list[RecordedEvent]:
+                at: str | None, *, checked: bool) -> list[RecordedEvent]:
         safe_id(stream, "stream")
         if isinstance(events, Event) or not isinstance(events, Sequence) or not events:
             raise InvalidInputError("events", "events must be a non-empty sequence of events")
@@ -319,6 +334,11 @@ class EventStore:
             raise ConcurrencyError(stream, expected_version, version)
         if head_at is not None and (type(head_at) is not str or at < head_at):
             at = _not_before(at, seq, head_at, stamped=stamped)
+        if checked:
+            # The rules fold the stream (replay reads through this module, so it is imported here).
+            from .replay import check_events
+
+            check_events(self, stream, events, version=version, seq=seq, at=at)
         prev = prev if prev is not None else self._genesis
         rows: list[Row] = []
         for (type_, body), digest in zip(bodies, chain.links(prev, seq, stream, version, at, bodies, self._key),
@@ -571,5 +591,11 @@ class _WriteTransaction:
 
     def append(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
                at: str | None = None) -> list[RecordedEvent]:
-        """Append inside this transaction (it commits when the `with` block ends without error)."""
-        return self._store._append(stream, events, expected_version, at)
+        """`EventStore.append` inside this transaction (it commits when the `with` block ends without error)."""
+        return self._store._append(stream, events, expected_version, at, checked=True)
+
+    def append_unchecked(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
+                         at: str | None = None) -> list[RecordedEvent]:
+        """`EventStore.append_unchecked` inside this transaction; also the path of a caller that has already
+        decided its events through the rules under this transaction's lock (`RunnerLifecycle`)."""
+        return self._store._append(stream, events, expected_version, at, checked=False)

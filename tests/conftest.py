@@ -1,7 +1,7 @@
 """Fixtures shared by every test: a fresh event store on a real file, and a clock that moves when told.
 
     def test_something(store, clock):
-        store.append("runner-1", [ReclaimCompleted(generation=2)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=2)])
         clock.advance(1_000)
 """
 

@@ -28,7 +28,7 @@ def crash(path: str, round_: int, durability: str) -> None:
     with EventStore.open(path, durability=durability) as store:
         print("ready", flush=True)
         for i in range(1, MAX_CRASH_APPENDS):
-            recorded = store.append(stream, [ReclaimCompleted(generation=i)], expected_version=i - 1)
+            recorded = store.append_unchecked(stream, [ReclaimCompleted(generation=i)], expected_version=i - 1)
             print(recorded[0].seq, i, flush=True)
 
 
@@ -37,14 +37,15 @@ def worker(path: str, name: str, count: int) -> None:
     sys.stdin.readline()
     with EventStore.open(path) as store:
         for i in range(1, count + 1):
-            (recorded,) = store.append(name, [ReclaimCompleted(generation=i)], expected_version=i - 1)
+            (recorded,) = store.append_unchecked(name, [ReclaimCompleted(generation=i)], expected_version=i - 1)
             print(recorded.seq, recorded.stream, recorded.version, flush=True)
             if i % 4:
                 continue
             event = LeaseSettled(lease_id=f"{name}-{i}", lease_generation=i, result_digest="sha256:" + "0" * 64)
             while True:
                 try:
-                    (shared,) = store.append("shared", [event], expected_version=store.stream_version("shared"))
+                    (shared,) = store.append_unchecked("shared", [event],
+                                                       expected_version=store.stream_version("shared"))
                     break
                 except ConcurrencyError:
                     continue  # another worker appended between our read and our append: decide again

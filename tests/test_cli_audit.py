@@ -116,7 +116,7 @@ def test_a_flipped_byte_in_a_body_is_reported_at_its_seq(fleet_log: FleetLog, tm
 def test_a_validly_chained_illegal_transition_is_reported_at_its_seq(fleet_log: FleetLog, tmp_path: Path) -> None:
     path = copy_store(fleet_log[0], tmp_path / "illegal.db", seal=False)
     with EventStore.open(path) as store:  # append() chains it but checks no rule
-        recorded = store.append("runner-1", [LeaseSettled(lease_id="lease-unknown", lease_generation=1,
+        recorded = store.append_unchecked("runner-1", [LeaseSettled(lease_id="lease-unknown", lease_generation=1,
                                                           result_digest=DIGEST)])
     code, report = audit_json(path)
     assert code == 65
@@ -132,14 +132,14 @@ def test_a_stream_left_with_a_park_pending_is_an_integrity_failure(fleet_log: Fl
         at = "2026-01-01T01:00:00.000Z"
         proxy = ProxyAuthority(id="proxy-a", revision=2, issued_at=at, expires_at="2026-01-01T02:00:00.000Z")
         state_generation = 2  # runner-1 rotated its proxy once
-        store.append("runner-1", [
+        store.append_unchecked("runner-1", [
             LeaseAcquired(lease_id="lease-late", session_id="s-late", lease_generation=state_generation,
                           issued_at=at, expires_at="2026-01-01T01:10:00.000Z", proxy_authority=proxy),
             DrainRequested(signal="SIGTERM", requested_at=at, deadline_at="2026-01-01T01:00:30.000Z",
                            generation=state_generation + 1),
         ], at=at)
-        last = store.append("runner-1", [LeaseSettled(lease_id="lease-late", lease_generation=state_generation,
-                                                      result_digest=DIGEST)], at=at)
+        last = store.append_unchecked("runner-1", [
+            LeaseSettled(lease_id="lease-late", lease_generation=state_generation, result_digest=DIGEST)], at=at)
     code, report = audit_json(path)
     assert code == 65
     assert (report["first_bad_seq"], report["stream"]) == (last[0].seq, "runner-1")
@@ -250,7 +250,7 @@ def test_a_log_that_fell_behind_its_seal_fails(fleet_log: FleetLog, tmp_path: Pa
     old = copy_store(path, tmp_path / "old.db", seal=False)
     newer = copy_store(path, tmp_path / "newer.db", seal=False)
     with EventStore.open(newer) as store:
-        store.append("runner-1", [LeaseSettled(lease_id="x", lease_generation=1, result_digest=DIGEST)])
+        store.append_unchecked("runner-1", [LeaseSettled(lease_id="x", lease_generation=1, result_digest=DIGEST)])
         store.seal()
     code, report = audit_json(old, "--seal", f"{newer}.seal")
     assert code == 65 and report["seal"]["ok"] is False and report["seal"]["seq"] == marks["head"] + 1
@@ -440,7 +440,7 @@ def test_worker_processes_verify_the_chain_and_meet_at_the_range_boundary(long_l
 def test_worker_processes_replay_the_rules_too(long_log: Path, tmp_path: Path) -> None:
     path = copy_store(long_log, tmp_path / "illegal.db")
     with EventStore.open(path) as store:
-        bad = store.append("runner-3", [LeaseSettled(lease_id="lease-3-0", lease_generation=1,
+        bad = store.append_unchecked("runner-3", [LeaseSettled(lease_id="lease-3-0", lease_generation=1,
                                                      result_digest=DIGEST)])  # settled long ago
         store.seal()
     code, report = audit_json(path, "--jobs", "3")

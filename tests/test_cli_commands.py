@@ -145,7 +145,7 @@ def bad_text_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     at = "2026-01-01T00:00:00.000Z"
     proxy = ProxyAuthority(id="proxy-1", revision=1, issued_at=at, expires_at="2026-01-01T01:00:00.000Z")
     with EventStore.open(path) as store:
-        store.append("runner-x", [
+        store.append_unchecked("runner-x", [
             RunnerInitialized(schema=RUNNER_SCHEMA, runner_id="runner-x", target="local", base_dir="/srv/runner-x",
                               resources=Resources(cpu_seconds=600, memory_bytes=1 << 30),
                               post_session_hook_digest=DIGEST),
@@ -204,7 +204,7 @@ def test_follow_sees_another_process_commit_and_stops_on_a_signal(fleet_log: Fle
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         with EventStore.open(path) as store:  # this process is the other writer
-            store.append("runner-1", [LeaseSettled(lease_id="lease-from-elsewhere", lease_generation=1,
+            store.append_unchecked("runner-1", [LeaseSettled(lease_id="lease-from-elsewhere", lease_generation=1,
                                                    result_digest=DIGEST)])
         ready, _, _ = select.select([follower.stdout], [], [], 60)
         assert ready, "the follower printed nothing within 60 s"

@@ -175,12 +175,12 @@ def test_last_events_reads_back_from_the_head_not_the_whole_log(tmp_path_factory
 
         def counting(real: Any) -> Any:
             def counted(*args: Any, **kwargs: Any) -> Any:
-                rows = real(*args, **kwargs)
-                fetched.append(len(rows))
-                return rows
+                for rows in real(*args, **kwargs):
+                    fetched.append(len(rows))
+                    yield rows
             return counted
 
-        for name in ("rows", "stream_rows"):
+        for name in ("pages", "stream_pages"):
             monkeypatch.setattr(backend, name, counting(getattr(backend, name)))
 
         assert [r.seq for r in last_events(store, 10)] == list(range(head - 9, head + 1))

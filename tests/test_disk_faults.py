@@ -75,7 +75,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cleanly closed store with two events; each case starts from a copy (creating one costs fsyncs)."""
     path = tmp_path_factory.mktemp("template") / "runners.db"
     with EventStore.open(path) as store:
-        store.append("runner-a", events(2, 8))
+        store.append_unchecked("runner-a", events(2, 8))
     return path
 
 
@@ -89,7 +89,7 @@ def faulty(template: Path, directory: Path, vfs: FaultVFS, durability: str,
     store = EventStore.open(path, vfs=vfs.name, durability=durability)
     try:
         if warm:
-            store.append("runner-b", events(1, 8))
+            store.append_unchecked("runner-b", events(1, 8))
         yield path, store
     finally:
         try:
@@ -103,7 +103,7 @@ def writes_of_append(template: Path, directory: Path, durability: str, size: int
     """How many writes the append under test makes (measured on a store set up the same way)."""
     with fault_vfs() as vfs, faulty(template, directory, vfs, durability, warm) as (_, store):
         before = vfs.counts["write"]
-        store.append("runner-a", events(3, size))
+        store.append_unchecked("runner-a", events(3, size))
         return vfs.counts["write"] - before
 
 
@@ -125,11 +125,11 @@ def test_failed_write_leaves_nothing_and_the_store_goes_on(template: Path, tmp_p
             before, head = rows(store), store.head()
             vfs.inject("write", code, at=at)
             with raises_exactly(kind):
-                store.append("runner-a", events(3, size))
+                store.append_unchecked("runner-a", events(3, size))
             assert store.head() == head, f"write {at}: the head moved"
             assert rows(store) == before
             assert store.verify().events == len(before)
-            later = store.append("runner-a", events(2, size))  # the fault has passed: writes succeed
+            later = store.append_unchecked("runner-a", events(2, size))  # the fault has passed: writes succeed
             assert [r.seq for r in later] == [head.seq + 1, head.seq + 2]
             assert store.verify().events == len(before) + 2
         assert reopened_rows(path) == before + [r.row() for r in later]
@@ -141,7 +141,7 @@ def test_failed_write_leaves_nothing_and_the_store_goes_on(template: Path, tmp_p
             before = rows(store)
             vfs.inject("write", code, at=at)
             with raises_exactly(kind):
-                store.append("runner-a", events(3, size))
+                store.append_unchecked("runner-a", events(3, size))
             vfs.power_off()
         vfs.power_cut(KeepEverything())
         assert reopened_rows(path) == before, f"write {at}: part of a failed append came back"
@@ -153,10 +153,10 @@ def test_a_disk_that_stays_full_refuses_until_space_is_freed(template: Path, tmp
         vfs.inject("write", apsw.SQLITE_FULL, at=1, count=None)
         for _ in range(3):  # nothing changes while the disk is full, however often the caller tries
             with raises_exactly(StoreFullError):
-                store.append("runner-a", events(2, 5000))
+                store.append_unchecked("runner-a", events(2, 5000))
             assert rows(store) == before
         vfs.clear_faults()
-        later = store.append("runner-a", events(2, 5000))
+        later = store.append_unchecked("runner-a", events(2, 5000))
         assert store.verify().events == len(before) + 2
     assert reopened_rows(path) == before + [r.row() for r in later]
 
@@ -170,7 +170,7 @@ def test_full_syncs_every_commit_and_normal_does_not(template: Path, tmp_path: P
     with fault_vfs() as vfs, faulty(template, tmp_path / "s", vfs, durability, True) as (_, store):
         for _ in range(3):
             before = vfs.counts["sync"]
-            store.append("runner-a", events(1, 8))
+            store.append_unchecked("runner-a", events(1, 8))
             assert vfs.counts["sync"] - before == (1 if durability == "full" else 0)
 
 
@@ -181,15 +181,15 @@ def test_failed_sync_leaves_the_outcome_unknown_and_fences_the_store(template: P
         before = rows(store)
         vfs.inject("sync", apsw.SQLITE_IOERR_FSYNC, at=1, count=None)
         with raises_exactly(StoreIOError) as caught:
-            store.append("runner-a", events(3, 5000))
+            store.append_unchecked("runner-a", events(3, 5000))
         assert caught.value.outcome_unknown
         assert store.fenced is not None and "unknown" in store.fenced
         vfs.clear_faults()
         with raises_exactly(StoreFencedError):
-            store.append("runner-a", events(1, 8))
+            store.append_unchecked("runner-a", events(1, 8))
         assert rows(store) == before
     with EventStore.open(path) as reopened:
-        later = reopened.append("runner-a", events(1, 8))
+        later = reopened.append_unchecked("runner-a", events(1, 8))
         assert reopened.verify().events == len(reopened_rows(path))
     assert reopened_rows(path)[-1] == later[-1].row()
 
@@ -204,7 +204,7 @@ def test_failed_sync_then_a_crash_shows_the_batch_whole_or_not_at_all(template: 
         vfs.inject("sync", apsw.SQLITE_IOERR_FSYNC, at=1)
         failed = events(3, 5000)
         with raises_exactly(StoreIOError):
-            store.append("runner-a", failed)
+            store.append_unchecked("runner-a", failed)
         vfs.power_off()
     vfs.power_cut(KeepEverything() if keep else LoseEverything())
     after = reopened_rows(path)
@@ -232,18 +232,18 @@ def test_file_system_turning_read_only_under_an_open_store(template: Path, tmp_p
         vfs.read_only = True  # the kernel remounted it read-only after an error
         for _ in range(2):
             with raises_exactly(StoreIOError) as caught:
-                store.append("runner-a", events(1, 8))
+                store.append_unchecked("runner-a", events(1, 8))
             assert "read-only" in str(caught.value)
             assert store.head() == head and rows(store) == before
         vfs.read_only = False
-        later = store.append("runner-a", events(1, 8))
+        later = store.append_unchecked("runner-a", events(1, 8))
     assert reopened_rows(path) == before + [r.row() for r in later]
 
 
 def test_opening_a_store_on_a_read_only_file_system(tmp_path: Path) -> None:
     path = tmp_path / "runners.db"
     with EventStore.open(path) as store:
-        store.append("runner-a", events(2, 8))
+        store.append_unchecked("runner-a", events(2, 8))
     before = digests(path)
     with fault_vfs() as vfs:
         vfs.read_only = True
@@ -272,7 +272,7 @@ CHILD = textwrap.dedent("""
     outcome = {}
     try:
         with EventStore.open(sys.argv[1]) as store:
-            store.append("runner-a", [UnitStopped(lease_id="lease-x", reason="ro")])
+            store.append_unchecked("runner-a", [UnitStopped(lease_id="lease-x", reason="ro")])
         outcome["open"] = "ok"
     except StoreError as exc:
         outcome["open"] = type(exc).__name__
@@ -293,7 +293,7 @@ def test_read_only_bind_mount_is_an_io_error(tmp_path: Path) -> None:
     data.mkdir()
     view.mkdir()
     with EventStore.open(data / "runners.db") as store:
-        store.append("runner-a", events(2, 8))
+        store.append_unchecked("runner-a", events(2, 8))
     before = digests(data / "runners.db")
     # The mount lives only in the child's private namespace; nothing is left mounted on the host.
     script = (f"mount --bind {data} {view} && mount -o remount,bind,ro {view} && "
@@ -319,7 +319,7 @@ def test_store_file_gone_after_a_fault_is_fenced(template: Path, tmp_path: Path,
     with fault_vfs() as vfs, faulty(template, tmp_path / "gone", vfs, "full", True) as (path, store):
         vfs.inject("write", apsw.SQLITE_FULL, at=1)
         with raises_exactly(StoreFullError):
-            store.append("runner-a", events(1, 8))
+            store.append_unchecked("runner-a", events(1, 8))
         if how == "deleted":
             os.unlink(path)
         else:
@@ -328,6 +328,6 @@ def test_store_file_gone_after_a_fault_is_fenced(template: Path, tmp_path: Path,
         there = path.read_bytes() if path.exists() else None
         for _ in range(2):  # nothing is retried on a fenced store
             with raises_exactly(StoreFencedError):
-                store.append("runner-a", events(1, 8))
+                store.append_unchecked("runner-a", events(1, 8))
         assert store.fenced is not None
         assert (path.read_bytes() if path.exists() else None) == there

@@ -36,8 +36,8 @@ def durable_digests(path: str) -> tuple[str | None, ...]:
 @pytest.fixture
 def started(store: EventStore) -> EventStore:
     """A store with two streams in it, so the WAL holds frames a stray write would change."""
-    store.append("runner-1", [ReclaimCompleted(generation=1), RunnerParked(cause="drain-idle", generation=2)])
-    store.append("runner-2", [ReclaimCompleted(generation=1)])
+    store.append_unchecked("runner-1", [ReclaimCompleted(generation=1), RunnerParked(cause="drain-idle", generation=2)])
+    store.append_unchecked("runner-2", [ReclaimCompleted(generation=1)])
     return store
 
 
@@ -82,7 +82,7 @@ def test_refused_append_leaves_the_files_byte_identical(
     before = durable_digests(started.path)
     head = started.head()
     with pytest.raises(error, check=lambda exc: type(exc) is error):
-        started.append(call.pop("stream"), call.pop("events"), **call)
+        started.append_unchecked(call.pop("stream"), call.pop("events"), **call)
     assert durable_digests(started.path) == before
     assert started.head() == head
     assert started.verify().events == 3
@@ -90,9 +90,9 @@ def test_refused_append_leaves_the_files_byte_identical(
 
 def test_concurrency_error_names_stream_expected_and_actual(started: EventStore) -> None:
     with pytest.raises(ConcurrencyError) as info:
-        started.append("runner-1", [EVENT], expected_version=5)
+        started.append_unchecked("runner-1", [EVENT], expected_version=5)
     assert (info.value.stream, info.value.expected, info.value.actual) == ("runner-1", 5, 2)
-    assert started.append("runner-1", [EVENT], expected_version=2)[0].version == 3
+    assert started.append_unchecked("runner-1", [EVENT], expected_version=2)[0].version == 3
 
 
 def test_clock_that_returns_a_non_integer_is_refused(tmp_path: Path) -> None:
@@ -100,46 +100,46 @@ def test_clock_that_returns_a_non_integer_is_refused(tmp_path: Path) -> None:
         with EventStore.open(tmp_path / "events.db", now=lambda bad=bad: bad) as store:
             before = durable_digests(store.path)
             with pytest.raises(InvalidInputError):
-                store.append("runner-1", [EVENT])
+                store.append_unchecked("runner-1", [EVENT])
             assert durable_digests(store.path) == before
 
 
 def test_time_never_runs_backwards(store: EventStore, clock: FakeClock) -> None:
-    (first,) = store.append("runner-1", [EVENT])
+    (first,) = store.append_unchecked("runner-1", [EVENT])
     assert first.at == "2026-01-01T00:00:00.000Z"
     clock.advance(-60_000)  # the clock steps back a minute (NTP, a VM restored from a snapshot)
-    (second,) = store.append("runner-2", [EVENT])
+    (second,) = store.append_unchecked("runner-2", [EVENT])
     assert second.at == first.at  # stamped at the head's time, not before it
     with pytest.raises(InvalidInputError, match=r"2025-12-31T23:59:00\.000Z is earlier than 2026-01-01T00:00:00\.000Z"
                        ) as info:
-        store.append("runner-1", [EVENT], at="2025-12-31T23:59:00.000Z")
+        store.append_unchecked("runner-1", [EVENT], at="2025-12-31T23:59:00.000Z")
     assert info.value.field == "at"
-    assert store.append("runner-1", [EVENT], at=first.at)[0].at == first.at  # the same instant is not earlier
+    assert store.append_unchecked("runner-1", [EVENT], at=first.at)[0].at == first.at  # the same instant is not earlier
     clock.advance(120_000)
     with store.transaction() as tx:
         assert tx.head_at() == first.at
-        tx.append("runner-1", [EVENT])
+        tx.append_unchecked("runner-1", [EVENT])
         assert tx.head_at() == "2026-01-01T00:01:00.000Z"
     assert store.verify().events == 4
 
 
 def test_a_body_beyond_the_bound_is_refused_naming_its_size(started: EventStore) -> None:
     room = MAX_EVENT_BYTES - len(encode(stopped(0)))
-    (recorded,) = started.append("runner-1", [stopped(room)])
+    (recorded,) = started.append_unchecked("runner-1", [stopped(room)])
     assert len(recorded.body) == MAX_EVENT_BYTES  # the bound itself is allowed
     with pytest.raises(InvalidInputError, match=rf"event 1 \(UnitStopped\) is {MAX_EVENT_BYTES + 1:,} bytes") as info:
-        started.append("runner-1", [EVENT, stopped(room + 1)])
+        started.append_unchecked("runner-1", [EVENT, stopped(room + 1)])
     assert info.value.field == "events" and f"{MAX_EVENT_BYTES:,}" in str(info.value)
     assert started.head().seq == 4
 
 
 def test_at_is_stored_canonical(store: EventStore, clock: FakeClock) -> None:
-    (recorded,) = store.append("runner-1", [EVENT])
+    (recorded,) = store.append_unchecked("runner-1", [EVENT])
     assert recorded.at == "2026-01-01T00:00:00.000Z"
     clock.advance(1_234)
-    (recorded,) = store.append("runner-1", [EVENT])
+    (recorded,) = store.append_unchecked("runner-1", [EVENT])
     assert recorded.at == "2026-01-01T00:00:01.234Z"
-    (recorded,) = store.append("runner-1", [EVENT], at="2026-06-01T02:00:00.5+02:00")
+    (recorded,) = store.append_unchecked("runner-1", [EVENT], at="2026-06-01T02:00:00.5+02:00")
     assert recorded.at == "2026-06-01T00:00:00.500Z"
     assert store.verify().events == 3
 
@@ -165,30 +165,31 @@ class Failing:
 def test_batch_is_all_or_nothing(started: EventStore) -> None:
     projector = Failing()
     started.attach(projector)
-    started.append("runner-3", [EVENT])
+    started.append_unchecked("runner-3", [EVENT])
     before = durable_digests(started.path)
     projector.armed = True
     with pytest.raises(RuntimeError):
-        started.append("runner-3", [ReclaimCompleted(generation=2), ReclaimCompleted(generation=3)])
+        started.append_unchecked("runner-3", [ReclaimCompleted(generation=2), ReclaimCompleted(generation=3)])
     # Rows inserted and the read model written, then the failure: all of it rolled back.
     assert durable_digests(started.path) == before
     assert started.stream_version("runner-3") == 1
     assert started.backend.execute("SELECT seq FROM seen") == [(4,)]
     projector.armed = False
-    started.append("runner-3", [ReclaimCompleted(generation=2)], expected_version=1)
+    started.append_unchecked("runner-3", [ReclaimCompleted(generation=2)], expected_version=1)
     assert started.verify().events == 5
 
 
 def test_transaction_commits_several_appends_together_or_none(started: EventStore) -> None:
     with started.transaction() as tx:
-        tx.append("runner-1", [ReclaimCompleted(generation=3)], expected_version=2)
+        tx.append_unchecked("runner-1", [ReclaimCompleted(generation=3)], expected_version=2)
         assert tx.stream_version("runner-1") == 3
-        tx.append("runner-2", [LeaseSettled(lease_id="l", lease_generation=1, result_digest="sha256:" + "0" * 64)])
+        tx.append_unchecked("runner-2", [LeaseSettled(lease_id="l", lease_generation=1,
+                                                      result_digest="sha256:" + "0" * 64)])
     assert (started.stream_version("runner-1"), started.stream_version("runner-2")) == (3, 2)
     before = durable_digests(started.path)
     with pytest.raises(ConcurrencyError), started.transaction() as tx:
-        tx.append("runner-1", [ReclaimCompleted(generation=4)], expected_version=3)
-        tx.append("runner-2", [ReclaimCompleted(generation=4)], expected_version=0)  # stale: undoes both
+        tx.append_unchecked("runner-1", [ReclaimCompleted(generation=4)], expected_version=3)
+        tx.append_unchecked("runner-2", [ReclaimCompleted(generation=4)], expected_version=0)  # stale: undoes both
     assert durable_digests(started.path) == before
     assert started.verify().events == 5
 
@@ -203,14 +204,14 @@ def test_a_tail_read_in_a_transaction_is_reused_only_while_nothing_was_written(s
                   b'{"generation":3,"type":"ReclaimCompleted"}', head.hash, bytes(32))
         started.backend.insert([forged])
         with pytest.raises(ConcurrencyError):
-            tx.append("runner-1", [ReclaimCompleted(generation=3)], expected_version=2)
-        (recorded,) = tx.append("runner-1", [ReclaimCompleted(generation=4)], expected_version=3)
+            tx.append_unchecked("runner-1", [ReclaimCompleted(generation=3)], expected_version=2)
+        (recorded,) = tx.append_unchecked("runner-1", [ReclaimCompleted(generation=4)], expected_version=3)
         assert (recorded.seq, recorded.version, recorded.prev) == (head.seq + 2, 4, bytes(32))
         assert tx.stream_version("runner-1") == 4
         assert tx.stream_version("runner-2") == 1
     with started.transaction() as tx:
         assert tx.stream_version("runner-1") == 4
-        (recorded,) = tx.append("runner-1", [ReclaimCompleted(generation=5)], expected_version=4)
+        (recorded,) = tx.append_unchecked("runner-1", [ReclaimCompleted(generation=5)], expected_version=4)
         assert recorded.seq == head.seq + 3
 
 
@@ -220,31 +221,31 @@ def test_the_head_a_commit_left_is_reused_only_while_nothing_else_changed_the_fi
     # the next append read the head afresh, so the chain never forks.
     other = EventStore.open(started.path)
     try:
-        started.append("runner-1", [ReclaimCompleted(generation=3)], expected_version=2)
-        other.append("runner-1", [ReclaimCompleted(generation=4)], expected_version=3)
+        started.append_unchecked("runner-1", [ReclaimCompleted(generation=3)], expected_version=2)
+        other.append_unchecked("runner-1", [ReclaimCompleted(generation=4)], expected_version=3)
         with pytest.raises(ConcurrencyError):
-            started.append("runner-1", [ReclaimCompleted(generation=4)], expected_version=3)
+            started.append_unchecked("runner-1", [ReclaimCompleted(generation=4)], expected_version=3)
         head = other.head()
-        (recorded,) = started.append("runner-1", [ReclaimCompleted(generation=5)], expected_version=4)
+        (recorded,) = started.append_unchecked("runner-1", [ReclaimCompleted(generation=5)], expected_version=4)
         assert (recorded.seq, recorded.prev) == (6, head.hash)
-        (recorded,) = other.append("runner-2", [ReclaimCompleted(generation=2)], expected_version=1)
+        (recorded,) = other.append_unchecked("runner-2", [ReclaimCompleted(generation=2)], expected_version=1)
         assert recorded.seq == 7
-        (recorded,) = started.append("runner-1", [ReclaimCompleted(generation=6)], expected_version=5)
+        (recorded,) = started.append_unchecked("runner-1", [ReclaimCompleted(generation=6)], expected_version=5)
         assert recorded.seq == 8
         # A row written after the append, in the same transaction: the commit's head is not the append's.
         with started.transaction() as tx:
-            (appended,) = tx.append("runner-1", [ReclaimCompleted(generation=7)], expected_version=6)
+            (appended,) = tx.append_unchecked("runner-1", [ReclaimCompleted(generation=7)], expected_version=6)
             started.backend.execute(
                 "INSERT INTO events (seq, stream, version, type, at, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (10, "runner-3", 1, "ReclaimCompleted", appended.at, b'{"generation":1,"type":"ReclaimCompleted"}',
                  appended.hash, bytes(32)))
-        (recorded,) = started.append("runner-1", [ReclaimCompleted(generation=8)], expected_version=7)
+        (recorded,) = started.append_unchecked("runner-1", [ReclaimCompleted(generation=8)], expected_version=7)
         assert (recorded.seq, recorded.prev) == (11, bytes(32))
         # A transaction that appended and then failed leaves nothing to reuse.
         with pytest.raises(RuntimeError), started.transaction() as tx:
-            tx.append("runner-1", [ReclaimCompleted(generation=9)], expected_version=8)
+            tx.append_unchecked("runner-1", [ReclaimCompleted(generation=9)], expected_version=8)
             raise RuntimeError("undo")
-        (recorded,) = started.append("runner-1", [ReclaimCompleted(generation=9)], expected_version=8)
+        (recorded,) = started.append_unchecked("runner-1", [ReclaimCompleted(generation=9)], expected_version=8)
         assert (recorded.seq, recorded.version) == (12, 9)
         # A row written in the next transaction before its append: the last commit's head is not the head.
         with started.transaction() as tx:
@@ -252,14 +253,14 @@ def test_the_head_a_commit_left_is_reused_only_while_nothing_else_changed_the_fi
                 "INSERT INTO events (seq, stream, version, type, at, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (13, "runner-3", 2, "ReclaimCompleted", recorded.at, b'{"generation":2,"type":"ReclaimCompleted"}',
                  recorded.hash, bytes(range(32))))
-            (appended,) = tx.append("runner-1", [ReclaimCompleted(generation=10)], expected_version=9)
+            (appended,) = tx.append_unchecked("runner-1", [ReclaimCompleted(generation=10)], expected_version=9)
         assert (appended.seq, appended.prev) == (14, bytes(range(32)))
     finally:
         other.close()
 
 
 def test_body_tag_differing_from_type_column_is_an_integrity_error(store: EventStore) -> None:
-    (recorded,) = store.append("runner-1", [EVENT])
+    (recorded,) = store.append_unchecked("runner-1", [EVENT])
     forged = RecordedEvent(*recorded.row()[:3], "RunnerParked", *recorded.row()[4:])
     with pytest.raises(IntegrityError) as info:
         _ = forged.event

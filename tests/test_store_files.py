@@ -62,7 +62,7 @@ def file_digests(path: Path) -> dict[str, str | None]:
 def make_store(path: Path, events: int = 3, *, key: bytes | None = None) -> None:
     with EventStore.open(path, key=key) as store:
         for n in range(1, events + 1):
-            store.append("runner-1", [ReclaimCompleted(generation=n)])
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=n)])
 
 
 def write_pragmas(path: Path, *statements: str) -> None:
@@ -225,7 +225,7 @@ def test_files_are_created_0600_whatever_the_umask(tmp_path: Path) -> None:
     old = os.umask(0)  # with umask 0 the store's own mode is all that stands between the file and 0666
     try:
         with EventStore.open(path, key=KEY) as store:
-            store.append("runner-1", [ReclaimCompleted(generation=1)])
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=1)])
             store.seal()
             for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}.seal")):
                 assert stat.S_IMODE(name.stat().st_mode) == 0o600, name
@@ -290,13 +290,13 @@ def test_busy_error_is_also_a_timeout_error(tmp_path: Path) -> None:
         holder.execute("BEGIN IMMEDIATE")
         try:
             with raises_exactly(StoreBusyError) as info:
-                store.append("runner-1", [ReclaimCompleted(generation=4)])
+                store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
             assert isinstance(info.value, TimeoutError)
             assert file_digests(path) == before
         finally:
             holder.execute("ROLLBACK")
             holder.close()
-        store.append("runner-1", [ReclaimCompleted(generation=4)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
         assert store.head().seq == 4
 
 
@@ -312,7 +312,7 @@ def test_keyed_store_needs_its_key(tmp_path: Path) -> None:
         assert store.keyed and [r.version for r in store.read()] == [1, 2, 3]
         before = file_digests(path)
         with raises_exactly(StoreKeyError):
-            store.append("runner-1", [ReclaimCompleted(generation=4)])
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
         with raises_exactly(StoreKeyError):
             store.verify()
         with raises_exactly(StoreKeyError):
@@ -323,7 +323,7 @@ def test_keyed_store_needs_its_key(tmp_path: Path) -> None:
         assert store.verify(key=KEY).events == 3
     with EventStore.open(path, key=KEY) as store:
         assert store.verify().events == 3
-        store.append("runner-1", [ReclaimCompleted(generation=4)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
 
 
 def test_unkeyed_store_with_events_refuses_a_key(tmp_path: Path) -> None:
@@ -398,7 +398,7 @@ def test_log_ahead_of_its_seal_opens(tmp_path: Path) -> None:
     with EventStore.open(path) as store:
         sealed = store.seal()
         assert sealed.seq == 3 and sealed.hash == store.head().hash.hex()
-        store.append("runner-1", [ReclaimCompleted(generation=4)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
     with EventStore.open(path) as store:
         assert store.verify(seal=f"{path}.seal").events == 4
 
@@ -408,7 +408,7 @@ def test_seal_of_an_empty_store(tmp_path: Path) -> None:
     with EventStore.open(path) as store:
         assert store.seal().seq == 0
     with EventStore.open(path) as store:
-        store.append("runner-1", [ReclaimCompleted(generation=1)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=1)])
 
 
 def test_explicit_missing_seal_is_an_io_error(tmp_path: Path) -> None:
@@ -535,7 +535,7 @@ def test_fence_refuses_every_later_write(tmp_path: Path) -> None:
         before = file_digests(path)
         for _ in range(2):  # nothing is retried on a fenced store: the second try fails the same way
             with raises_exactly(StoreFencedError) as info:
-                store.append("runner-1", [ReclaimCompleted(generation=4)])
+                store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
             assert info.value.cause == "a newer process took over"
         with raises_exactly(StoreFencedError), store.transaction():
             pass
@@ -551,17 +551,17 @@ def test_file_replaced_underneath_fences_the_store(tmp_path: Path, remove_wal: b
     make_store(path)
     make_store(other, events=1)
     with EventStore.open(path) as store:
-        store.append("runner-1", [ReclaimCompleted(generation=4)])  # its frames sit in <path>-wal
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])  # its frames sit in <path>-wal
         os.replace(other, path)
         if remove_wal:  # what a careful restore does
             for suffix in ("-wal", "-shm"):
                 os.unlink(f"{path}{suffix}")
         replaced = path.read_bytes()
         with raises_exactly(StoreFencedError):
-            store.append("runner-1", [ReclaimCompleted(generation=5)])
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=5)])
         assert store.fenced is not None and "replaced" in store.fenced
         with raises_exactly(StoreFencedError):
-            store.append("runner-1", [ReclaimCompleted(generation=5)])
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=5)])
         assert path.read_bytes() == replaced  # the fenced store never wrote into the file now at the path
     # Closing the old store must not leave its WAL for the new file: SQLite skips the checkpoint of a
     # moved file and would leave <path>-wal full of the old store's pages, replayed into the new one.
@@ -574,14 +574,14 @@ def test_file_removed_underneath_fences_and_a_new_store_there_starts_clean(tmp_p
     path = tmp_path / "events.db"
     make_store(path)
     with EventStore.open(path) as store:
-        store.append("runner-1", [ReclaimCompleted(generation=4)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
         os.unlink(path)
         with raises_exactly(StoreFencedError):
-            store.append("runner-1", [ReclaimCompleted(generation=5)])
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=5)])
         assert store.fenced is not None
     with EventStore.open(path) as store:
         assert store.head().seq == 0
-        store.append("runner-1", [ReclaimCompleted(generation=1)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=1)])
         assert store.verify().events == 1
 
 
@@ -590,7 +590,7 @@ def test_orphan_wal_is_not_replayed_into_a_new_store(tmp_path: Path) -> None:
     make_store(path)
     # What a writer SIGKILLed after its store file was removed leaves behind: a WAL full of frames.
     with EventStore.open(path) as store:
-        store.append("runner-1", [ReclaimCompleted(generation=4)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
         orphan = Path(f"{path}-wal").read_bytes()
     assert orphan
     os.unlink(path)
@@ -684,7 +684,7 @@ def test_version_1_file_is_migrated(tmp_path: Path) -> None:
         assert store.store_id == store_id
         assert [r.event for r in store.read()] == events
         assert store.verify().events == 2
-        store.append("runner-1", [ReclaimCompleted(generation=3)], expected_version=2)
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=3)], expected_version=2)
     with EventStore.open(path) as store:
         assert store.verify().events == 3
 
@@ -699,7 +699,7 @@ def test_read_only_open_changes_nothing(tmp_path: Path) -> None:
     with EventStore.open(path, read_only=True) as store:
         assert store.verify().events == 3
         with raises_exactly(StoreIOError):
-            store.append("runner-1", [ReclaimCompleted(generation=4)])
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
     assert path.read_bytes() == before
     # A WAL reader needs a -wal to exist; a read-only one may leave it behind, but with no frames in it.
     wal = Path(f"{path}-wal")

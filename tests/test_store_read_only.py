@@ -28,7 +28,7 @@ def file_bytes(path: Path) -> bytes:
 def test_read_only_open_of_a_closed_store_reads_and_refuses_writes(tmp_path: Path) -> None:
     path = tmp_path / "events.db"
     with EventStore.open(path) as store:
-        store.append("runner-1", [ReclaimCompleted(generation=2)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=2)])
     # The last writer closed: SQLite removed -wal and -shm. A plain SQLITE_OPEN_READONLY would fail here.
     assert not (tmp_path / "events.db-shm").exists()
     before = hashlib.sha256(path.read_bytes()).hexdigest()

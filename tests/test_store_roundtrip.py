@@ -99,7 +99,7 @@ class StoreModel(RuleBasedStateMachine):
     def append(self, stream: str, events: list[Event], step_ms: int) -> None:
         assert self.store is not None
         self.clock.advance(step_ms)
-        recorded = self.store.append(stream, events, expected_version=self.version(stream))
+        recorded = self.store.append_unchecked(stream, events, expected_version=self.version(stream))
         # Stamped by the clock, never before the head (an explicit at may have put it past the clock).
         self.record(stream, events, max(iso_ms(self.clock.now()), self.head_at()), recorded)
 
@@ -113,10 +113,11 @@ class StoreModel(RuleBasedStateMachine):
         if iso_ms(ms) < self.head_at():
             # Time never runs backwards: an at before the head's is refused, and nothing is appended.
             with pytest.raises(InvalidInputError, match=self.head_at()) as info:
-                self.store.append(stream, events, at=at)
+                self.store.append_unchecked(stream, events, at=at)
             assert info.value.field == "at"
             return
-        recorded = self.store.append(stream, events, at=at)  # no expected_version: appends whatever the version
+        # No expected_version: appends whatever the version.
+        recorded = self.store.append_unchecked(stream, events, at=at)
         self.record(stream, events, iso_ms(ms), recorded)
 
     @rule(stream=STREAMS, events=st.lists(EVENTS, min_size=1, max_size=3), expected=st.integers(0, 20))
@@ -125,7 +126,7 @@ class StoreModel(RuleBasedStateMachine):
         actual = self.version(stream)
         assume(expected != actual)
         with pytest.raises(ConcurrencyError) as info:
-            self.store.append(stream, events, expected_version=expected)
+            self.store.append_unchecked(stream, events, expected_version=expected)
         assert (info.value.stream, info.value.expected, info.value.actual) == (stream, expected, actual)
 
     @rule()
@@ -198,7 +199,7 @@ def long_log(tmp_path_factory: pytest.TempPathFactory) -> Any:
     with EventStore.open(path, now=FakeClock().now) as store:
         with store.transaction() as tx:  # one commit: 4500 fsyncs would cost seconds for nothing
             for seq in range(1, TOTAL + 1):
-                tx.append(stream_of(seq), [ReclaimCompleted(generation=seq)])
+                tx.append_unchecked(stream_of(seq), [ReclaimCompleted(generation=seq)])
         rows = [as_model(r) for r in store.read()]
     store = EventStore.open(path)
     yield store, rows
@@ -265,8 +266,8 @@ def large_log(tmp_path_factory: pytest.TempPathFactory) -> Any:
     with EventStore.open(path, now=FakeClock().now) as store:
         with store.transaction() as tx:
             for n in range(60):
-                tx.append("a" if n % 3 else "b", [large_drain(n)])
-            tx.append("a", [ReclaimCompleted(generation=1)])
+                tx.append_unchecked("a" if n % 3 else "b", [large_drain(n)])
+            tx.append_unchecked("a", [ReclaimCompleted(generation=1)])
         rows = [as_model(r) for r in store.read()]
     store = EventStore.open(path, read_only=True)
     yield store, rows
@@ -294,7 +295,7 @@ def test_a_body_beyond_the_bound_is_never_loaded_and_named_by_seq(tmp_path: Path
     back): reads yield the rows before it, then raise IntegrityError at its seq."""
     path = tmp_path / "events.db"
     with EventStore.open(path) as store:
-        store.append("a", [ReclaimCompleted(generation=n) for n in range(1, 6)])
+        store.append_unchecked("a", [ReclaimCompleted(generation=n) for n in range(1, 6)])
     conn = apsw.Connection(str(path))
     try:
         conn.execute("DROP TRIGGER events_no_update")
@@ -349,7 +350,7 @@ def guarded(stop: threading.Event) -> threading.Timer:
 
 
 def test_follow_yields_what_another_connection_commits(store: EventStore) -> None:
-    store.append("runner-1", [ReclaimCompleted(generation=1)])
+    store.append_unchecked("runner-1", [ReclaimCompleted(generation=1)])
     stop, go = threading.Event(), threading.Event()
     written: list[Event] = [ReclaimCompleted(generation=2), RunnerParked(cause="drain-idle", generation=3),
                             ReclaimCompleted(generation=4)]
@@ -359,8 +360,8 @@ def test_follow_yields_what_another_connection_commits(store: EventStore) -> Non
         try:
             go.wait(GUARD_S)
             with EventStore.open(store.path) as other:  # its own connection: what another process does
-                other.append("runner-1", written[:2])
-                other.append("runner-2", written[2:])
+                other.append_unchecked("runner-1", written[:2])
+                other.append_unchecked("runner-2", written[2:])
         except BaseException as exc:  # reported by the test thread
             failures.append(exc)
 
@@ -386,7 +387,7 @@ def test_follow_yields_what_another_connection_commits(store: EventStore) -> Non
 
 def test_follow_yields_this_connections_own_commits(store: EventStore) -> None:
     # data_version does not move for a connection's own commits; follow must see them anyway.
-    store.append("runner-1", [ReclaimCompleted(generation=1)])
+    store.append_unchecked("runner-1", [ReclaimCompleted(generation=1)])
     stop = threading.Event()
     timer = guarded(stop)
     seen: list[int] = []
@@ -394,7 +395,7 @@ def test_follow_yields_this_connections_own_commits(store: EventStore) -> None:
         for recorded in store.follow(poll_interval=0.01, stop=stop):
             seen.append(recorded.seq)
             if recorded.seq < 3:
-                store.append("runner-1", [ReclaimCompleted(generation=recorded.seq + 1)])
+                store.append_unchecked("runner-1", [ReclaimCompleted(generation=recorded.seq + 1)])
             else:
                 break
     finally:
@@ -404,7 +405,7 @@ def test_follow_yields_this_connections_own_commits(store: EventStore) -> None:
 
 def test_follow_one_stream_after_a_seq(store: EventStore) -> None:
     for n in range(1, 7):
-        store.append("x" if n % 2 else "y", [ReclaimCompleted(generation=n)])
+        store.append_unchecked("x" if n % 2 else "y", [ReclaimCompleted(generation=n)])
     stop = threading.Event()
     timer = guarded(stop)
     seen: list[int] = []
@@ -423,7 +424,7 @@ def test_follow_one_stream_after_a_seq(store: EventStore) -> None:
 def test_keyed_round_trip_survives_reopen(tmp_path: Path, key: bytes, events: list[Event]) -> None:
     path = tmp_path / f"{uuid.uuid4().hex}.db"
     with EventStore.open(path, key=key) as store:
-        written = store.append("runner-1", events, expected_version=0)
+        written = store.append_unchecked("runner-1", events, expected_version=0)
     with EventStore.open(path, key=key) as store:
         assert list(store.read()) == written
         assert [r.event for r in store.read()] == events

@@ -114,7 +114,7 @@ def test_an_altered_schema_is_refused_by_writers_and_failed_by_the_audit(
 def test_a_key_id_that_no_key_has_is_refused_by_writers(tmp_path: Path) -> None:
     path = tmp_path / "events.db"
     with EventStore.open(path) as store:
-        store.append("runner-1", [ReclaimCompleted(generation=1)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=1)])
     edit(path, "INSERT INTO meta (key, value) VALUES ('key_id', x'ff00')")  # not even text
     with pytest.raises(StoreFormatError, match="is not a key id"):
         EventStore.open(path, key=KEY)
@@ -185,7 +185,7 @@ def test_a_command_whose_write_a_planted_trigger_drops_is_not_acknowledged(
         with pytest.raises(StoreFormatError, match="did not keep the write"):
             runner.settle_lease(lease_id=lease_id, lease_generation=1, result_digest=DIGEST)
         with pytest.raises(StoreFormatError, match="did not keep the write"):
-            store.append("runner-2", [ReclaimCompleted(generation=1)])
+            store.append_unchecked("runner-2", [ReclaimCompleted(generation=1)])
         assert store.head() == head
         assert durable_digests(path) == before
     with EventStore.open(path, key=key, read_only=True) as fresh:
@@ -198,13 +198,13 @@ def test_the_handle_keeps_no_head_the_file_does_not_hold(tmp_path: Path) -> None
     """After a dropped write the same handle's next append chains onto the file's real head."""
     path = tmp_path / "events.db"
     with EventStore.open(path) as store:
-        store.append("runner-1", [ReclaimCompleted(generation=1)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=1)])
         edit(path, IGNORE_INSERTS)
         with pytest.raises(StoreFormatError):
-            store.append("runner-1", [ReclaimCompleted(generation=2)], expected_version=1)
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=2)], expected_version=1)
         edit(path, "DROP TRIGGER t")  # the file is whole again
         # A batch too: the read-back checks every row of it.
-        store.append("runner-1", [ReclaimCompleted(generation=2), ReclaimCompleted(generation=3)],
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=2), ReclaimCompleted(generation=3)],
                      expected_version=1)
         assert store.verify().events == 3
     with EventStore.open(path) as store:
@@ -214,9 +214,9 @@ def test_the_handle_keeps_no_head_the_file_does_not_hold(tmp_path: Path) -> None
 def test_a_trigger_that_drops_part_of_a_batch_is_caught(tmp_path: Path) -> None:
     path = tmp_path / "events.db"
     with EventStore.open(path) as store:
-        store.append("runner-1", [ReclaimCompleted(generation=1)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=1)])
         edit(path, "CREATE TRIGGER t BEFORE INSERT ON events WHEN NEW.seq = 3 BEGIN SELECT RAISE(IGNORE); END")
         with pytest.raises(StoreFormatError, match=r"3 event\(s\) inserted at seq 2\.\.4, 2 found"):
-            store.append("runner-1", [ReclaimCompleted(generation=n) for n in (2, 3, 4)])
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=n) for n in (2, 3, 4)])
         assert store.head().seq == 1
 

@@ -67,7 +67,7 @@ def build(path: Path, key: bytes | None) -> None:
     with EventStore.open(path, key=key, now=clock.now) as store:
         for stream, events in history():
             clock.advance(1_000)
-            store.append(stream, events)
+            store.append_unchecked(stream, events)
         store.seal()  # <path>.seal; copies made with copy_of() have none
 
 
@@ -345,14 +345,14 @@ def test_truncated_tail_is_caught_by_the_seal(tmp_path: Path) -> None:
 def test_restored_older_copy_is_caught_by_the_seal(tmp_path: Path) -> None:
     path = tmp_path / "events.db"
     with EventStore.open(path) as store:
-        store.append("runner-1", [ReclaimCompleted(generation=1)])
-        store.append("runner-1", [ReclaimCompleted(generation=2)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=1)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=2)])
     older = tmp_path / "t1-copy.db"
     shutil.copyfile(path, older)  # closed: the copy is the whole store at T1
     with EventStore.open(path) as store:
-        store.append("runner-1", [ReclaimCompleted(generation=3)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=3)])
         store.seal()
-        store.append("runner-1", [ReclaimCompleted(generation=4)])
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
     # Restore T1 as an operator would: the old file back, and no -wal/-shm of the newer one left over.
     shutil.copyfile(older, path)
     for suffix in ("-wal", "-shm"):
@@ -386,7 +386,7 @@ def test_unkeyed_history_rewritten_at_the_sealed_seq_is_caught_by_the_seal(tmp_p
 @pytest.fixture
 def filled(store: EventStore) -> Iterator[EventStore]:
     for stream, events in history():
-        store.append(stream, events)
+        store.append_unchecked(stream, events)
     yield store
 
 
@@ -409,7 +409,7 @@ def test_append_only_triggers_refuse_through_the_store(filled: EventStore, sql: 
 
 def test_refused_edit_inside_a_transaction_rolls_back_its_appends(filled: EventStore) -> None:
     with pytest.raises(StoreError), filled.transaction() as tx:
-        tx.append("runner-9", [ReclaimCompleted(generation=1)])
+        tx.append_unchecked("runner-9", [ReclaimCompleted(generation=1)])
         filled.backend.execute("DELETE FROM events WHERE seq = 1")
     assert filled.head().seq == EVENTS
     assert filled.stream_version("runner-9") == 0

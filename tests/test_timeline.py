@@ -52,12 +52,13 @@ def scripted_life(path: Path) -> tuple[dict[str, int], list[str]]:
             clock.advance(200)
             unit = UnitRecord(mode="child", host="h", boot_id="b", run_dir=f"/r/{lease.id}", pid=100 + n,
                               start_ticks=1000 + n)
-            store.append("runner-a", [UnitStarting(lease_id=lease.id, lease_generation=1, mode="child",
+            store.append_unchecked("runner-a", [UnitStarting(lease_id=lease.id, lease_generation=1, mode="child",
                                                    run_dir=f"/r/{lease.id}"),
                                       UnitStarted(lease_id=lease.id, lease_generation=1, handle=unit)])
         one, two, three = leases
         clock.advance(5000)
-        store.append("runner-a", [UnitExited(lease_id=one.id, code=None, signal="SIGKILL", outcome="lost-poll")])
+        store.append_unchecked("runner-a", [UnitExited(lease_id=one.id, code=None, signal="SIGKILL",
+                                                       outcome="lost-poll")])
         runner.park_lease(lease_id=one.id, lease_generation=1, result_digest=DIGEST, reason="lost-poll")
         seqs["lease_parked"] = store.head().seq
         clock.advance(2000)
@@ -66,15 +67,15 @@ def scripted_life(path: Path) -> tuple[dict[str, int], list[str]]:
         clock.advance(2000)
         runner.request_drain(expected_generation=2, timeout_ms=30_000)
         seqs["drain"] = store.head().seq
-        store.append("runner-a", [UnitSignalled(lease_id=two.id, signal="SIGTERM", reason="drain")])
+        store.append_unchecked("runner-a", [UnitSignalled(lease_id=two.id, signal="SIGTERM", reason="drain")])
         clock.advance(3000)
-        store.append("runner-a", [UnitExited(lease_id=two.id, code=0, signal=None, outcome="settled")])
+        store.append_unchecked("runner-a", [UnitExited(lease_id=two.id, code=0, signal=None, outcome="settled")])
         runner.settle_lease(lease_id=two.id, lease_generation=1, result_digest=DIGEST)
         seqs["settled"] = store.head().seq
         clock.advance(30_000)
         runner.park_expired_drain(expected_generation=3)
         seqs["runner_parked"] = store.head().seq
-        store.append("runner-a", [UnitStopped(lease_id=three.id, reason="lease-ended")])
+        store.append_unchecked("runner-a", [UnitStopped(lease_id=three.id, reason="lease-ended")])
         clock.advance(1000)
         runner.authorize_post_session_hook(expected_runner_generation=4, lease_id=two.id, lease_generation=1,
                                            result_digest=DIGEST, hook_digest=HOOK)

@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         raise
     code = EXIT_OK if report.ok else EXIT_DATAERR
     if args.json:
-        print(json.dumps({**report.as_dict(), "exit_code": code}))
+        data = report.as_dict()
+        print(json.dumps({"ok": data.pop("ok"), "exit_code": code, **data}))
     else:
         print(summary(report))
     return code
