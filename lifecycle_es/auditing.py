@@ -295,8 +295,8 @@ def _check_caches(store: EventStore, report: AuditReport, snapshots: SnapshotChe
                            else "which is no seq"))
             states, as_of = streams, head
         for runner_id, what in check_read_models(store, states):
-            seq = states[runner_id][2] if runner_id in states else None
-            report.add(seq, runner_id, "read-model", f"read model: {what} (as of seq {as_of})")
+            at_seq: int | None = states[runner_id][2] if runner_id in states else None
+            report.add(at_seq, runner_id, "read-model", f"read model: {what} (as of seq {as_of})")
         report.read_models_checked = len(states)
         if report.checks["read_models"] is None:
             report.checks["read_models"] = True

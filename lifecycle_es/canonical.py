@@ -11,7 +11,7 @@ import functools
 import hashlib
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -83,7 +83,7 @@ def structs_bytes(values: Iterable[Any], float_free: frozenset[type] = PLAIN_TYP
             if refuse is not None:
                 refuse(value)
             raise InvalidInputError("value", f"expected a {kind.__name__}, got {type(value).__name__}")
-        fields = astuple(value)
+        fields = astuple(cast(msgspec.Struct, value))
         if not set(map(type, fields)) <= float_free:
             look(fields, float_free)
         out.append(encode(value))

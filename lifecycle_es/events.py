@@ -60,7 +60,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 # --- runner lifecycle -------------------------------------------------------------------------------
 
 
-class RunnerInitialized(Event, tag="RunnerInitialized"):
+class RunnerInitialized(Event, frozen=True, tag="RunnerInitialized"):
     """A runner came into being: accepting, generation 1, policy revision 1, proxy unbound."""
 
     schema: str
@@ -71,7 +71,7 @@ class RunnerInitialized(Event, tag="RunnerInitialized"):
     post_session_hook_digest: str
 
 
-class LeaseAcquired(Event, tag="LeaseAcquired"):
+class LeaseAcquired(Event, frozen=True, tag="LeaseAcquired"):
     """A session took a lease at the runner's current generation, under a fresh proxy authority."""
 
     lease_id: str
@@ -82,7 +82,7 @@ class LeaseAcquired(Event, tag="LeaseAcquired"):
     proxy_authority: ProxyAuthority
 
 
-class ProxyRotated(Event, tag="ProxyRotated"):
+class ProxyRotated(Event, frozen=True, tag="ProxyRotated"):
     """The proxy authority moved to a newer revision; generation and policy revision +1."""
 
     proxy_authority: ProxyAuthority
@@ -90,7 +90,7 @@ class ProxyRotated(Event, tag="ProxyRotated"):
     policy_revision: int
 
 
-class DrainRequested(Event, tag="DrainRequested"):
+class DrainRequested(Event, frozen=True, tag="DrainRequested"):
     """The runner stops accepting and asks its units to finish by a deadline; generation +1."""
 
     signal: str
@@ -99,7 +99,7 @@ class DrainRequested(Event, tag="DrainRequested"):
     generation: int
 
 
-class LeaseSettled(Event, tag="LeaseSettled"):
+class LeaseSettled(Event, frozen=True, tag="LeaseSettled"):
     """A lease ended with a result."""
 
     lease_id: str
@@ -107,7 +107,7 @@ class LeaseSettled(Event, tag="LeaseSettled"):
     result_digest: str
 
 
-class LeaseParked(Event, tag="LeaseParked"):
+class LeaseParked(Event, frozen=True, tag="LeaseParked"):
     """A lease ended without finishing its work, for one of the seed's three reasons."""
 
     lease_id: str
@@ -116,14 +116,14 @@ class LeaseParked(Event, tag="LeaseParked"):
     reason: str
 
 
-class DrainExpired(Event, tag="DrainExpired"):
+class DrainExpired(Event, frozen=True, tag="DrainExpired"):
     """The drain deadline passed: every lease still active is parked (no result digest)."""
 
     lease_ids: tuple[str, ...]
     deadline_at: str
 
 
-class RunnerParked(Event, tag="RunnerParked"):
+class RunnerParked(Event, frozen=True, tag="RunnerParked"):
     """The runner holds no active lease and is parked; generation +1.
 
     ``cause`` says which fact made it so: ``drain-settled``, ``lease-parked``, ``drain-expired`` or
@@ -134,20 +134,20 @@ class RunnerParked(Event, tag="RunnerParked"):
     generation: int
 
 
-class ReclaimBegun(Event, tag="ReclaimBegun"):
+class ReclaimBegun(Event, frozen=True, tag="ReclaimBegun"):
     """A parked runner is being reclaimed under a newer proxy revision; generation +1."""
 
     proxy_authority: ProxyAuthority
     generation: int
 
 
-class ReclaimCompleted(Event, tag="ReclaimCompleted"):
+class ReclaimCompleted(Event, frozen=True, tag="ReclaimCompleted"):
     """The runner accepts again; generation +1."""
 
     generation: int
 
 
-class HookAuthorized(Event, tag="HookAuthorized"):
+class HookAuthorized(Event, frozen=True, tag="HookAuthorized"):
     """The post-session hook of an ended lease was authorized; the receipt digest is recorded."""
 
     lease_id: str
@@ -173,7 +173,7 @@ class UnitRecord(msgspec.Struct, frozen=True, kw_only=True):
     unit: str | None = None
 
 
-class UnitStarting(Event, tag="UnitStarting"):
+class UnitStarting(Event, frozen=True, tag="UnitStarting"):
     """Intent: the host is about to start a unit for this lease (recorded before the side effect).
 
     ``unit`` is the systemd unit name chosen before the start (child mode: None; the unit writes its
@@ -189,7 +189,7 @@ class UnitStarting(Event, tag="UnitStarting"):
     command: tuple[str, ...] = ()
 
 
-class UnitStarted(Event, tag="UnitStarted"):
+class UnitStarted(Event, frozen=True, tag="UnitStarted"):
     """A unit for this lease is running; the record finds it again after a host restart."""
 
     lease_id: str
@@ -197,7 +197,7 @@ class UnitStarted(Event, tag="UnitStarted"):
     handle: UnitRecord
 
 
-class UnitSignalled(Event, tag="UnitSignalled"):
+class UnitSignalled(Event, frozen=True, tag="UnitSignalled"):
     """The host sent a signal to the unit (drain's SIGTERM, the deadline's SIGKILL)."""
 
     lease_id: str
@@ -205,7 +205,7 @@ class UnitSignalled(Event, tag="UnitSignalled"):
     reason: str
 
 
-class UnitExited(Event, tag="UnitExited"):
+class UnitExited(Event, frozen=True, tag="UnitExited"):
     """The unit ended on its own: exit code or signal, and what the host made of it."""
 
     lease_id: str
@@ -214,14 +214,14 @@ class UnitExited(Event, tag="UnitExited"):
     outcome: str
 
 
-class UnitStopped(Event, tag="UnitStopped"):
+class UnitStopped(Event, frozen=True, tag="UnitStopped"):
     """The host stopped the unit (its lease ended, the runner parked, or its work only waits)."""
 
     lease_id: str
     reason: str
 
 
-class UnitWakeRecorded(Event, tag="UnitWakeRecorded"):
+class UnitWakeRecorded(Event, frozen=True, tag="UnitWakeRecorded"):
     """The unit's work only waits until ``wake_at`` (epoch ms); it is stopped and restarted then."""
 
     lease_id: str
@@ -236,10 +236,10 @@ UNIT_EVENTS: tuple[type[Event], ...] = (
     UnitStarting, UnitStarted, UnitSignalled, UnitExited, UnitStopped, UnitWakeRecorded,
 )
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.__struct_config__.tag: cls for cls in LIFECYCLE_EVENTS + UNIT_EVENTS  # type: ignore[misc]
+    str(cls.__struct_config__.tag): cls for cls in LIFECYCLE_EVENTS + UNIT_EVENTS
 }
 
-_DECODER = msgspec.json.Decoder(Union[tuple(EVENT_TYPES.values())])  # type: ignore[valid-type]  # noqa: UP007
+_DECODER = msgspec.json.Decoder(Union[tuple(EVENT_TYPES.values())])  # noqa: UP007
 
 
 def type_of(event: Event) -> str:
@@ -275,14 +275,15 @@ def _refuse_non_event(value: object) -> None:
 
 def decode(body: bytes) -> Event:
     """The event whose canonical bytes are `body`; raises msgspec.ValidationError / DecodeError."""
-    return _DECODER.decode(body)
+    event: Event = _DECODER.decode(body)
+    return event
 
 
 def decode_recorded(seq: int, stream: str, type_: str, body: bytes) -> Event:
     """The event a log row holds, or the IntegrityError that names its seq: the one place a row's body
     is decoded and held to its ``type`` column (every reader, replay and audit goes through it)."""
     try:
-        event = _DECODER.decode(body)
+        event: Event = _DECODER.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
         # TypeError: a body that is not bytes at all (NULL from a damaged page, text smuggled past STRICT).
         raise IntegrityError(seq, f"body is not a valid event: {exc}", stream=stream) from None

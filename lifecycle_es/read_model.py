@@ -67,25 +67,25 @@ def compare_read_models(runner_rows: Iterable[Row], lease_rows: Iterable[Row],
             problems.append((row[0], f"leases row {shown(row[1])} stored twice"))
         by_id[row[1]] = row
     for runner_id, (state, version, seq) in sorted(replayed.items()):
-        row = runners.pop(runner_id, None)
-        if row is None:
+        stored_row = runners.pop(runner_id, None)
+        if stored_row is None:
             problems.append((runner_id, "no runners row"))
         else:
             wanted = runner_row(state, version, seq)
-            if row != wanted:
+            if stored_row != wanted:
                 problems.append((runner_id, f"runners row differs from the replay: "
-                                            f"{_differences(RUNNER_COLUMNS, row, wanted)}"))
+                                            f"{_differences(RUNNER_COLUMNS, stored_row, wanted)}"))
         retained = {lease.id: lease_row(runner_id, lease) for lease in state.leases}
         stored = leases.pop(runner_id, {})
         for lease_id in sorted(retained.keys() | stored.keys(), key=str):
-            found, wanted = stored.get(lease_id), retained.get(lease_id)
+            found, due = stored.get(lease_id), retained.get(lease_id)
             if found is None:
                 problems.append((runner_id, f"no leases row for lease {shown(lease_id)}"))
-            elif wanted is None:
+            elif due is None:
                 problems.append((runner_id, f"leases row {shown(lease_id)} for a lease the replay does not retain"))
-            elif found != wanted:
+            elif found != due:
                 problems.append((runner_id, f"leases row {shown(lease_id)} differs from the replay: "
-                                            f"{_differences(LEASE_COLUMNS, found, wanted)}"))
+                                            f"{_differences(LEASE_COLUMNS, found, due)}"))
     problems.extend((runner_id, "runners row for a runner the replay does not have")
                     for runner_id in sorted(runners, key=str))
     problems.extend((runner_id, f"leases row {shown(lease_id)} for a runner the replay does not have")

@@ -15,7 +15,7 @@ import contextlib
 import os
 import urllib.parse
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal, cast
 
 import apsw
 
@@ -170,7 +170,7 @@ class SqliteBackend(ReadModelTables):
         """A value of the ``meta`` table."""
         with translated("read meta"):
             rows = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchall()
-        return rows[0][0] if rows else None
+        return cast("bytes", rows[0][0]) if rows else None  # meta is STRICT: value BLOB
 
     def set_meta(self, key: str, value: bytes) -> None:
         """Insert a ``meta`` value (inside a write transaction)."""
@@ -213,7 +213,7 @@ class SqliteBackend(ReadModelTables):
             return kept[2][3]
         with translated("read the head's time"):
             rows = self.conn.execute(_HEAD_AT).fetchall()
-        return rows[0][0] if rows else None
+        return cast("str", rows[0][0]) if rows else None
 
     def stream_version(self, stream: str) -> int:
         """The last version of a stream (0 when it has none). An index lookup."""
@@ -221,7 +221,7 @@ class SqliteBackend(ReadModelTables):
         # entry of the stream, so an append would cost more the longer its stream grew.
         with translated("read stream version"):
             rows = self.conn.execute(_STREAM_VERSION, (stream,)).fetchall()
-        return rows[0][0] if rows else 0
+        return cast("int", rows[0][0]) if rows else 0
 
     def tail(self, stream: str) -> Tail:
         """(stream version, head seq, head hash, head at) in one statement: what an append reads under the lock.
@@ -251,11 +251,8 @@ class SqliteBackend(ReadModelTables):
             return found
         with translated("read stream version and head"):
             rows = self.conn.execute(_TAIL, (stream,)).fetchall()
-        if rows:
-            version, seq, digest, at = rows[0]
-            found = (version or 0, seq, digest, at)
-        else:
-            found = (0, 0, None, None)
+        # STRICT columns: the types Tail names.
+        found = cast("Tail", (rows[0][0] or 0, *rows[0][1:])) if rows else (0, 0, None, None)
         if self._writing:
             self._tail = (stream, self.conn.total_changes(), found)
         return found
@@ -355,7 +352,8 @@ class SqliteBackend(ReadModelTables):
     def _oversized(self, row: Row, *, first: bool) -> bool:
         """Whether `row`'s NULL body stands for one beyond the bound (IntegrityError when `first` in its page)."""
         seq = row[0]
-        ((length,),) = self.conn.execute("SELECT length(body) FROM events WHERE seq = ?", (seq,)).fetchall()
+        ((length,),) = cast("list[tuple[int | None]]", self.conn.execute(
+            "SELECT length(body) FROM events WHERE seq = ?", (seq,)).fetchall())
         if length is None or length <= MAX_EVENT_BYTES:
             return False  # NULL itself: the hash check names it
         if not first:
@@ -378,7 +376,7 @@ class SqliteBackend(ReadModelTables):
         with translated("read snapshot"):
             rows = self.conn.execute(
                 "SELECT version, seq, state, event_hash FROM snapshots WHERE stream = ?", (stream,)).fetchall()
-        return rows[0] if rows else None
+        return cast("tuple[int, int, bytes, bytes]", rows[0]) if rows else None
 
     def put_snapshot(self, stream: str, version: int, seq: int, state: bytes, event_hash: bytes) -> None:
         """Insert or replace a stream's snapshot (inside a write transaction)."""
@@ -397,8 +395,9 @@ class SqliteBackend(ReadModelTables):
         """How many rows the events table holds, and its lowest seq (None when empty): a walk that reads
         seq 1, 2, ... sees a row moved outside that range only through these."""
         with translated("count events"):
-            (count, lowest), = self.conn.execute("SELECT count(*), min(seq) FROM events").fetchall()
-        return int(count), lowest
+            (count, lowest), = cast("list[tuple[int, int | None]]", self.conn.execute(
+                "SELECT count(*), min(seq) FROM events").fetchall())
+        return count, lowest
 
     def clear_snapshots(self) -> None:
         """Delete every snapshot (inside a write transaction); they are a cache the log rebuilds."""
@@ -456,7 +455,8 @@ class _SqliteTransaction:
         backend._writing = True
         return self.conn
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> Literal[False]:
         conn, backend = self.conn, self.backend
         inserted = backend._inserted
         backend._writing = False
@@ -476,7 +476,7 @@ class _SqliteTransaction:
             if not conn.getautocommit():
                 with contextlib.suppress(apsw.Error):
                     conn.execute("ROLLBACK")
-            if error.extendedresult in SYNC_FAILURES:
+            if getattr(error, "extendedresult", None) in SYNC_FAILURES:
                 raise StoreIOError(f"{self.action}: the commit's fsync failed ({error}): whether it reached the "
                                    "disk is unknown", outcome_unknown=True) from error
             raise translation(self.action, error) from error

@@ -7,6 +7,8 @@ disk, so it is never retried and the store fences itself.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import apsw
 
 from .errors import StoreBusyError, StoreError, StoreFormatError, StoreFullError, StoreIOError
@@ -47,7 +49,8 @@ class translated:  # lower case: it reads as the function it replaced, ``with tr
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> Literal[False]:
         if isinstance(exc, apsw.Error):
             raise translation(self.action, exc) from exc
         return False

@@ -9,7 +9,7 @@ transaction, so the read models move with the log, exactly once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import apsw
 
@@ -63,7 +63,7 @@ class ReadModelTables:
         with translated("list the read models"):
             rows = self.conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table' AND name IN (?, ?, ?)",
                                      READ_MODEL_TABLES).fetchall()
-        return {row[0] for row in rows}
+        return {cast(str, row[0]) for row in rows}
 
     def create_read_models(self, *, indexes: bool = True) -> None:
         """Create the read models' tables where missing (inside a write transaction).
@@ -94,7 +94,7 @@ class ReadModelTables:
         with translated("read the read models' position"):
             rows = self.conn.execute("SELECT seq FROM read_model_position WHERE name = ?",
                                      (POSITION_NAME,)).fetchall()
-        return int(rows[0][0]) if rows else 0
+        return cast(int, rows[0][0]) if rows else 0
 
     def set_read_model_position(self, seq: int) -> None:
         """Record the last seq the read models applied (inside a write transaction)."""

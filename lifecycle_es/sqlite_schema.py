@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import apsw
 
@@ -137,7 +137,7 @@ def _text(value: object) -> Any:
 
 
 def _user_version(conn: apsw.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchall()[0][0])
+    return cast(int, conn.execute("PRAGMA user_version").fetchall()[0][0])
 
 
 def check_format(conn: apsw.Connection, path: str) -> None:

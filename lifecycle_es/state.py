@@ -166,7 +166,8 @@ class _LeaseIndex:
                 sessions[session] = left
             else:
                 sessions.pop(session, None)
-        return _LeaseIndex(ids, *counts, sessions, unique)
+        active, parked, settled, other = counts
+        return _LeaseIndex(ids, active, parked, settled, other, sessions, unique)
 
 
 _SLOT = {"active": 0, "parked": 1, "settled": 2}
