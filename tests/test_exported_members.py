@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-PACKAGES = ["lifecycle_es", "projections"]
+PACKAGES = ["lifecycle_es", "projections", "hosts", "lifecycle_es.testing"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
