@@ -31,6 +31,7 @@ from .errors import (
 )
 from .events import Event
 from .lifecycle import RunnerLifecycle, UnknownRunnerError
+from .log import Head, RecordedEvent, VerifyReport
 from .receipts import (
     BaseDirClaim,
     DrainParkSnapshot,
@@ -46,7 +47,7 @@ from .receipts import (
 )
 from .runner import Drain, Lease, ProxyRef, RunnerCapacityError, RunnerState
 from .seal import Seal
-from .store import EventStore, Head, RecordedEvent, VerifyReport
+from .store import EventStore
 from .values import ProxyAuthority, Resources
 
 __all__ = [

@@ -34,8 +34,9 @@ from typing import Any, NamedTuple
 from .caches import SnapshotCheck, check_read_models
 from .errors import InvalidInputError, LifecycleError, StoreBehindSealError, StoreKeyError
 from .files import text_path
+from .log import RecordedEvent
 from .runner import LEASE_STATUSES, STATES
-from .store import EventStore, RecordedEvent
+from .store import EventStore
 from .walk import Streams, Walked, open_for_audit, split, walk
 from .workers import Workers
 

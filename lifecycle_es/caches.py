@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import msgspec
 
+from .log import RecordedEvent
 from .read_model import Replayed, compare_read_models
 from .replay import proven_state
 from .runner import RunnerState
 from .state import decode_state, encode_state
-from .store import EventStore, RecordedEvent
+from .store import EventStore
 
 
 class SnapshotCheck:

@@ -41,6 +41,7 @@ from .events import (
     RunnerInitialized,
     RunnerParked,
 )
+from .log import RecordedEvent
 from .preflight import preflight_writable_directory
 from .receipts import (
     DrainParkSnapshot,
@@ -66,7 +67,7 @@ from .runner import (
     check_min_revision,
     hook_receipt_material,
 )
-from .store import EventStore, RecordedEvent, _WriteTransaction
+from .store import EventStore, _WriteTransaction
 from .values import MAX_PATH_CHARS, ProxyAuthority, Resources, safe_digest, safe_id, safe_int, safe_path, safe_target
 
 DEFAULT_TTL_MS = 10 * 60 * 1000

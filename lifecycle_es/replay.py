@@ -25,8 +25,9 @@ from .canonical import parse_iso_ms
 from .draft import RunnerDraft, is_keyed, thaw
 from .errors import IntegrityError, InvalidInputError, LifecycleError, StoreError, StoreKeyError
 from .events import Event, decode_recorded
+from .log import RecordedEvent
 from .runner import RunnerState, decode_state, encode_state, start, step
-from .store import EventStore, RecordedEvent
+from .store import EventStore
 
 
 class Folded(NamedTuple):

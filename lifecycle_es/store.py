@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from . import chain
 from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, Row
@@ -41,8 +41,9 @@ from .errors import (
     StoreIOError,
     StoreKeyError,
 )
-from .events import Event, decode_recorded, encode_all
-from .files import text_path as _text_path
+from .events import Event, encode_all
+from .files import text_path
+from .log import Head, RecordedEvent, VerifyReport
 from .seal import Seal, check_seal, read_seal, write_seal
 from .sqlite import SqliteBackend
 from .sqlite_profile import DURABILITY
@@ -50,71 +51,6 @@ from .values import safe_id, safe_int, shown
 from .verify import ChainCheck, well_formed_at
 
 PAGE = PAGE_ROWS
-# Where an ``at`` as the store writes it (YYYY-MM-DDTHH:MM:SS.mmmZ: fixed width, so text order is time
-# order) has its separators: positions 4, 7, ... 19, and the Z at 23.
-
-
-class RecordedEvent:
-    """One event as the log holds it: its place in the log, its bytes, its links, and the event.
-
-    ``event`` decodes ``body`` on first use (an unknown tag or a body that is not an event raises
-    IntegrityError then, naming the seq).
-    """
-
-    __slots__ = ("_event", "at", "body", "hash", "prev", "seq", "stream", "type", "version")
-
-    def __init__(self, seq: int, stream: str, version: int, type: str, at: str, body: bytes,
-                 prev: bytes, hash: bytes, event: Event | None = None) -> None:
-        self.seq = seq
-        self.stream = stream
-        self.version = version
-        self.type = type
-        self.at = at
-        self.body = body
-        self.prev = prev
-        self.hash = hash
-        self._event = event
-
-    @classmethod
-    def from_row(cls, row: Row) -> RecordedEvent:
-        """A recorded event from a backend row."""
-        return cls(*row)
-
-    @property
-    def event(self) -> Event:
-        """The decoded event object."""
-        if self._event is None:
-            self._event = decode_recorded(self.seq, self.stream, self.type, self.body)
-        return self._event
-
-    def row(self) -> Row:
-        """The event as a backend row."""
-        return (self.seq, self.stream, self.version, self.type, self.at, self.body, self.prev, self.hash)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RecordedEvent) and self.row() == other.row()
-
-    def __hash__(self) -> int:
-        return hash(self.hash)
-
-    def __repr__(self) -> str:
-        return f"RecordedEvent(seq={self.seq}, stream={self.stream!r}, version={self.version}, type={self.type!r})"
-
-
-class Head(NamedTuple):
-    """The last event of the log: its seq (0 for an empty log), hash and at."""
-
-    seq: int
-    hash: bytes
-    at: str | None
-
-
-class VerifyReport(NamedTuple):
-    """What `verify` proved: how many events, how many streams, and the head it reached."""
-
-    events: int
-    streams: int
-    head: Head
 
 
 class Projector(Protocol):
@@ -175,7 +111,7 @@ class EventStore:
         open an existing store without changing it (auditing, asserting lease authority); writes
         then raise StoreIOError.
         """
-        path = _text_path(path, "path")
+        path = text_path(path, "path")
         # isinstance first: an unhashable value must be refused, not raise TypeError on the lookup.
         if not isinstance(durability, str) or durability not in DURABILITY:
             raise InvalidInputError("durability", f"durability is invalid: {durability!r} (use 'full' or 'normal')")
@@ -186,7 +122,7 @@ class EventStore:
         if vfs is not None and not isinstance(vfs, str):
             raise InvalidInputError("vfs", f"vfs is invalid: {type(vfs).__name__} is not a VFS name")
         if seal is not None:
-            seal = _text_path(seal, "seal")
+            seal = text_path(seal, "seal")
         if not isinstance(read_only, bool):
             # bool() would read "no" or "false" as True; only a real bool says what the caller meant.
             raise InvalidInputError("read_only", f"read_only is invalid: {read_only!r} is not a bool")
@@ -480,7 +416,7 @@ class EventStore:
             assert check.versions is not None
             report = VerifyReport(read, len(check.versions), Head(read, check.prev, check.prev_at or None))
         if seal is not None:
-            self.check_seal(_text_path(seal, "seal"), key=key)
+            self.check_seal(text_path(seal, "seal"), key=key)
         return report
 
     def seal(self, path: str | os.PathLike[str] | None = None) -> Seal:
@@ -492,7 +428,7 @@ class EventStore:
         if self.key_id is not None and self._key is None:
             raise StoreKeyError("sealing a keyed store needs its key")
         head = self.head()
-        target = _text_path(path, "path") if path is not None else self.path + ".seal"
+        target = text_path(path, "path") if path is not None else self.path + ".seal"
         sealed = Seal(store_id=self.store_id.hex(), seq=head.seq, hash=head.hash.hex(),
                       at=head.at or iso_ms(self._now()), key_id=self.key_id)
         write_seal(target, sealed, self._key)
@@ -500,7 +436,7 @@ class EventStore:
 
     def check_seal(self, path: str | os.PathLike[str], *, key: bytes | None = None) -> Seal:
         """Check that the log has not fallen behind the seal at `path`; return the seal."""
-        sealed = read_seal(_text_path(path, "path"), key if key is not None else self._key, self.key_id)
+        sealed = read_seal(text_path(path, "path"), key if key is not None else self._key, self.key_id)
         seq = sealed.seq
         row = self._backend.row_at(seq) if seq > 0 else None
         check_seal(sealed, store_id=self.store_id, head_seq=self.head().seq,

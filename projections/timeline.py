@@ -27,8 +27,8 @@ import msgspec
 
 from lifecycle_es.canonical import iso_ms, parse_iso_ms
 from lifecycle_es.errors import InvalidInputError, LifecycleError
+from lifecycle_es.log import RecordedEvent
 from lifecycle_es.runner import PARK_REASONS
-from lifecycle_es.store import RecordedEvent
 
 from .timeline_parts import (
     DEFAULT_LAST,

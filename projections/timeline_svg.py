@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from lifecycle_es.store import RecordedEvent
+from lifecycle_es.log import RecordedEvent
 
 from .timeline import collect
 from .timeline_parts import MARKS, Band, Lane, Mark, MarkKind, Span, Timeline

@@ -20,7 +20,7 @@ from conftest import FakeClock
 from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError
 from lifecycle_es.backend import MAX_EVENT_BYTES
 from lifecycle_es.events import LeaseSettled, ReclaimCompleted, RunnerParked, UnitStopped, encode
-from lifecycle_es.store import RecordedEvent
+from lifecycle_es.log import RecordedEvent
 
 EVENT = ReclaimCompleted(generation=1)
 

@@ -20,7 +20,7 @@ from lifecycle_es import EventStore, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.errors import InvalidInputError
 from lifecycle_es.events import UnitExited, UnitRecord, UnitSignalled, UnitStarted, UnitStarting, UnitStopped
-from lifecycle_es.store import RecordedEvent
+from lifecycle_es.log import RecordedEvent
 from projections.timeline import MARKS, MarkKind, collect
 from projections.timeline_svg import draw, svg_text, timeline_svg
 

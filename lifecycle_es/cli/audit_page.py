@@ -13,7 +13,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from lifecycle_es._version import __version__
-from lifecycle_es.store import EventStore, RecordedEvent
+from lifecycle_es.log import RecordedEvent
+from lifecycle_es.store import EventStore
 
 from .timeline import readable, write_output
 

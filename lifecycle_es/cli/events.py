@@ -31,7 +31,8 @@ import msgspec
 
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.errors import IntegrityError
-from lifecycle_es.store import EventStore, RecordedEvent
+from lifecycle_es.log import RecordedEvent
+from lifecycle_es.store import EventStore
 
 from .access import int_at_least, open_store
 from .exits import EXIT_OK, EXIT_USAGE, CommandError, json_printable, no_runner, printable

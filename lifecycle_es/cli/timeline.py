@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from lifecycle_es.errors import LifecycleError
-from lifecycle_es.store import PAGE, EventStore, RecordedEvent
+from lifecycle_es.log import RecordedEvent
+from lifecycle_es.store import PAGE, EventStore
 
 from .access import int_at_least, open_store
 from .exits import EXIT_DATAERR, EXIT_OK, EXIT_USAGE, CommandError, no_runner, one_line
