@@ -1,0 +1,404 @@
+"""The contract every backend meets, in one abstract case: `BackendContract` speaks only through the
+`Backend` protocol (and an `EventStore` over it), and each backend's subclass says only how to make one.
+
+A backend's subclass (named ``Test...``, so pytest collects it; the abstract case is not) overrides the
+`store_place` fixture (room for one test's store, cleaned up after it) and the four hooks below it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import apsw
+import pytest
+from backend_contract import KEY_ID, LogRows, commit, flat, lease_row, runner_row, store_over
+from faultvfs import FaultVFS
+
+from lifecycle_es.backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Backend
+from lifecycle_es.errors import IntegrityError, StoreBusyError, StoreFencedError, StoreFormatError, StoreIOError
+from lifecycle_es.events import ReclaimCompleted
+from lifecycle_es.sqlite import SqliteBackend
+
+READ_MODEL_TABLES = {"runners", "leases", "read_model_position"}
+
+
+class BackendContract:
+    """The `Backend` contract; subclass it once per backend."""
+
+    # --- what each backend's subclass says ------------------------------------------------------------
+
+    @pytest.fixture
+    def store_place(self) -> Iterator[None]:
+        """Room for this test's store (none exists yet), and the cleaning up after the test."""
+        raise NotImplementedError
+
+    def open_backend(self, *, read_only: bool = False, busy_timeout_ms: int = 5000) -> Backend:
+        """A new connection to this test's store; the first read-write one creates it, empty."""
+        raise NotImplementedError
+
+    def open_with_unknown_outcome(self) -> Backend:
+        """A new connection to this test's store (which exists) whose next commit fails with its outcome
+        unknown: whether it reached the storage cannot be told."""
+        raise NotImplementedError
+
+    def replace_storage(self) -> None:
+        """Put another store where this test's store is, under the connections open on it."""
+        raise NotImplementedError
+
+    def drop_inserts(self) -> None:
+        """Through another connection, make the storage silently skip every row inserted into the log."""
+        raise NotImplementedError
+
+    # --- the case's own plumbing ----------------------------------------------------------------------
+
+    @pytest.fixture(autouse=True)
+    def _connections(self, store_place: None) -> Iterator[None]:
+        self._opened: list[Backend] = []
+        yield
+        for backend in reversed(self._opened):
+            backend.close()
+
+    def connect(self, *, read_only: bool = False, busy_timeout_ms: int = 5000) -> Backend:
+        """`open_backend`, closed after the test."""
+        backend = self.open_backend(read_only=read_only, busy_timeout_ms=busy_timeout_ms)
+        self._opened.append(backend)
+        return backend
+
+    def connect_unknown(self) -> Backend:
+        """`open_with_unknown_outcome` (after the store was made), closed after the test."""
+        self.connect()
+        backend = self.open_with_unknown_outcome()
+        self._opened.append(backend)
+        return backend
+
+    # --- a new store ------------------------------------------------------------------------------------
+
+    def test_a_new_store_is_empty_exact_and_has_an_id(self) -> None:
+        backend = self.connect()
+        assert backend.head() == (0, None, None) and backend.head_at() is None
+        assert backend.tail("a") == (0, 0, None, None) and backend.stream_version("a") == 0
+        assert flat(backend.pages(after=0, stream=None)) == [] and backend.row_at(1) is None
+        assert backend.streams() == [] and backend.seq_bounds() == (0, None)
+        assert backend.snapshot_positions() == [] and backend.read_model_tables() == set()
+        assert backend.schema_problems() == []
+        assert isinstance(backend.meta("store_id"), bytes) and backend.meta("no such key") is None
+        assert backend.read_only is False and backend.identity == backend.file_identity()
+
+    # --- the log --------------------------------------------------------------------------------------
+
+    def test_inserted_rows_read_back_in_order_by_after_stream_and_limit(self) -> None:
+        backend, log = self.connect(), LogRows()
+        rows = log.next("a", "b", "a", "b", "a")
+        commit(backend, rows[:2])
+        commit(backend, rows[2:])
+        assert flat(backend.pages(after=0, stream=None)) == rows
+        assert flat(backend.pages(after=2, stream=None)) == rows[2:]
+        assert flat(backend.pages(after=0, stream="a")) == rows[0::2]
+        assert flat(backend.pages(after=1, stream="a")) == [rows[2], rows[4]]
+        assert flat(backend.pages(after=1, stream=None, limit=2)) == rows[1:3]
+        assert flat(backend.pages(after=0, stream="b", limit=1)) == [rows[1]]
+        assert flat(backend.pages(after=0, stream=None, limit=0)) == []
+        assert flat(backend.pages(after=5, stream=None)) == []
+        assert flat(backend.stream_pages("a", after_version=1)) == [rows[2], rows[4]]
+        assert flat(backend.stream_pages("c", after_version=0)) == []
+
+    def test_a_read_is_paged_by_rows(self) -> None:
+        backend, log = self.connect(), LogRows()
+        rows = log.next(*["a"] * (PAGE_ROWS + 3))
+        commit(backend, rows)
+        pages = list(backend.pages(after=0, stream=None))
+        assert [len(page) for page in pages] == [PAGE_ROWS, 3] and flat(pages) == rows
+        assert [len(page) for page in backend.pages(after=0, stream="a", limit=PAGE_ROWS + 1)] == [PAGE_ROWS, 1]
+        assert [len(page) for page in backend.stream_pages("a", after_version=2)] == [PAGE_ROWS, 1]
+
+    def test_a_page_ends_once_its_bodies_reach_page_bytes(self) -> None:
+        backend, log = self.connect(), LogRows()
+        size = MAX_EVENT_BYTES - 24_288
+        per_page = math.ceil(PAGE_BYTES / size)  # the row whose body reaches PAGE_BYTES ends the page
+        assert per_page < PAGE_ROWS
+        rows = log.next(*["a"] * (per_page + 2), size=size)
+        commit(backend, rows)
+        for pages in (list(backend.pages(after=0, stream=None)), list(backend.stream_pages("a", after_version=0))):
+            assert [len(page) for page in pages] == [per_page, 2] and flat(pages) == rows
+
+    def test_a_body_beyond_the_bound_is_an_integrity_error_at_its_seq(self) -> None:
+        backend, log = self.connect(), LogRows()
+        rows = log.next("a", "a") + log.next("a", size=MAX_EVENT_BYTES + 1) + log.next("a")
+        commit(backend, rows)
+        read = []
+        with pytest.raises(IntegrityError) as caught:
+            for page in backend.pages(after=0, stream=None):
+                read.extend(page)
+        assert caught.value.seq == 3 and read == rows[:2]  # the rows before it are read first
+        with pytest.raises(IntegrityError) as caught:
+            backend.row_at(3)
+        assert caught.value.seq == 3
+        with pytest.raises(IntegrityError) as caught:
+            flat(backend.stream_pages("a", after_version=2))
+        assert caught.value.seq == 3
+        assert flat(backend.pages(after=3, stream=None)) == rows[3:]
+
+    def test_stream_versions(self) -> None:
+        backend, log = self.connect(), LogRows()
+        commit(backend, log.next("a", "b", "a"))
+        assert [backend.stream_version(s) for s in ("a", "b", "c")] == [2, 1, 0]
+        commit(backend, log.next("b", "b", "a"))
+        assert [backend.stream_version(s) for s in ("a", "b", "c")] == [3, 3, 0]
+        assert [row[2] for row in flat(backend.pages(after=0, stream="b"))] == [1, 2, 3]
+
+    def test_tail_and_head_after_appends(self) -> None:
+        backend, log = self.connect(), LogRows()
+        rows = log.next("a", "b", "a")
+        commit(backend, rows)
+        _, _, _, _, at, _, _, digest = rows[-1]
+        assert backend.head() == (3, digest, at) and backend.head_at() == at
+        assert backend.tail("a") == (2, 3, digest, at)
+        assert backend.tail("b") == (1, 3, digest, at)
+        assert backend.tail("new") == (0, 3, digest, at)
+
+    def test_tail_and_head_inside_a_write_transaction(self) -> None:
+        backend, log = self.connect(), LogRows()
+        first = log.next("a")
+        commit(backend, first)
+        more = log.next("a", "b")
+        with backend.write("append"):
+            assert backend.tail("a") == (1, 1, first[0][7], first[0][4])
+            assert backend.head_at() == first[0][4]
+            backend.insert(more)  # what is written inside the transaction is seen inside it
+            assert backend.head_at() == more[1][4]
+            assert backend.tail("a") == (2, 3, more[1][7], more[1][4])
+            assert backend.head() == (3, more[1][7], more[1][4])
+            backend.put_snapshot("a", 2, 3, b"state", more[1][7])  # a write that is not an insert
+            assert backend.tail("b") == (1, 3, more[1][7], more[1][4])
+        assert backend.tail("a") == (2, 3, more[1][7], more[1][4])
+
+    def test_tail_sees_what_another_connection_committed(self) -> None:
+        mine, other, log = self.connect(), self.connect(), LogRows()
+        commit(mine, log.next("a"))  # what this connection last committed is not the head for long
+        theirs = log.next("a")
+        commit(other, theirs)
+        with mine.write("append"):
+            assert mine.tail("a") == (2, 2, theirs[0][7], theirs[0][4])
+            assert mine.head_at() == theirs[0][4]
+
+    def test_a_failed_write_transaction_keeps_nothing(self) -> None:
+        backend, log = self.connect(), LogRows()
+        commit(backend, log.next("a"))
+        with pytest.raises(RuntimeError), backend.write("append"):
+            backend.insert(log.next("a"))
+            backend.set_meta("key_id", KEY_ID)
+            raise RuntimeError("the block failed")
+        assert backend.head()[0] == 1 and backend.meta("key_id") is None and backend.tail("a")[:2] == (1, 1)
+
+    def test_row_at_streams_and_seq_bounds(self) -> None:
+        backend, log = self.connect(), LogRows()
+        rows = log.next("c", "a", "b", "a")
+        commit(backend, rows)
+        assert [backend.row_at(seq) for seq in (1, 4)] == [rows[0], rows[3]]
+        assert backend.row_at(0) is None and backend.row_at(5) is None
+        assert backend.streams() == ["a", "b", "c"]
+        assert backend.seq_bounds() == (4, 1)
+
+    def test_read_transaction_is_one_view(self) -> None:
+        mine, other, log = self.connect(), self.connect(), LogRows()
+        commit(mine, log.next("a"))
+        with mine.read_tx("read twice"):
+            before = mine.head()
+            commit(other, log.next("a"))
+            assert mine.head() == before and flat(mine.pages(after=0, stream=None))[-1][0] == 1
+        assert mine.head()[0] == 2
+
+    # --- metadata, snapshots, read models -------------------------------------------------------------
+
+    def test_meta_is_set_and_read(self) -> None:
+        backend = self.connect()
+        store_id = backend.meta("store_id")
+        with backend.write("meta"):
+            backend.set_meta("key_id", KEY_ID)
+        assert backend.meta("key_id") == KEY_ID and backend.meta("store_id") == store_id
+        assert backend.meta("question") is None and backend.schema_problems() == []
+
+    def test_snapshots_are_put_replaced_listed_and_cleared(self) -> None:
+        backend = self.connect()
+        assert backend.snapshot("a") is None
+        with backend.write("snapshots"):
+            backend.put_snapshot("b", 4, 9, b"state b", b"h9")
+            backend.put_snapshot("a", 2, 5, b"state a", b"h5")
+        assert backend.snapshot("a") == (2, 5, b"state a", b"h5")
+        assert backend.snapshot_positions() == [("a", 5), ("b", 9)]
+        with backend.write("snapshots"):
+            backend.put_snapshot("a", 7, 12, b"state a'", b"h12")
+        assert backend.snapshot("a") == (7, 12, b"state a'", b"h12")
+        assert backend.snapshot_positions() == [("b", 9), ("a", 12)]
+        with backend.write("snapshots"):
+            backend.clear_snapshots()
+        assert backend.snapshot("a") is None and backend.snapshot_positions() == []
+
+    def test_read_model_tables_are_created_kept_and_dropped(self) -> None:
+        backend = self.connect()
+        assert backend.read_model_position() is None and backend.read_model_rows("runners") == []
+        with backend.write("create"):
+            backend.create_read_models(indexes=False)
+            backend.create_read_model_indexes()
+        assert backend.read_model_tables() == READ_MODEL_TABLES and backend.read_model_position() == 0
+        with backend.write("fill"):
+            backend.upsert_runner_rows([runner_row("r2", 1), runner_row("r1", 1)])
+            backend.upsert_lease_rows([lease_row("r2", "l1"), lease_row("r1", "l2"), lease_row("r1", "l1")])
+            backend.set_read_model_position(3)
+        assert backend.read_model_rows("runners") == [runner_row("r1", 1), runner_row("r2", 1)]
+        assert backend.read_model_rows("leases") == [lease_row("r1", "l1"), lease_row("r1", "l2"),
+                                                     lease_row("r2", "l1")]
+        with backend.write("change"):
+            backend.upsert_runner_rows([runner_row("r1", 2)])
+            backend.upsert_lease_rows([lease_row("r1", "l2", "settled")])
+            backend.delete_lease_rows([("r1", "l1")])
+            backend.set_read_model_position(5)
+        assert backend.read_model_rows("runners") == [runner_row("r1", 2), runner_row("r2", 1)]
+        assert backend.lease_rows_of("r1") == [lease_row("r1", "l2", "settled")]
+        assert backend.lease_rows_of("r3") == [] and backend.read_model_position() == 5
+        with backend.write("drop"):
+            backend.drop_read_models()
+        assert backend.read_model_tables() == set() and backend.read_model_position() is None
+        assert backend.read_model_rows("leases") == [] and backend.lease_rows_of("r1") == []
+
+    # --- connections: busy, read-only, fence, data_version, identity ------------------------------------
+
+    def test_a_write_waits_for_the_lock_then_is_busy(self) -> None:
+        waiting, holder = self.connect(busy_timeout_ms=50), self.connect()
+        store = store_over(waiting)
+        with holder.write("hold the lock"):
+            with pytest.raises(StoreBusyError), waiting.write("meta"):
+                waiting.set_meta("key_id", KEY_ID)
+            with pytest.raises(StoreBusyError):
+                store.append("a", [ReclaimCompleted(generation=1)])
+            assert waiting.head()[0] == 0  # reads go on beside a writer
+        assert waiting.meta("key_id") is None
+        assert store.append("a", [ReclaimCompleted(generation=1)])[0].seq == 1
+
+    def test_a_read_only_backend_reads_everything_and_the_store_refuses_writes(self) -> None:
+        writer, log = self.connect(), LogRows()
+        rows = log.next("a", "b")
+        with writer.write("fill"):
+            writer.insert(rows)
+            writer.put_snapshot("a", 1, 1, b"state", rows[0][7])
+            writer.create_read_models()
+            writer.upsert_runner_rows([runner_row("r1", 1)])
+            writer.upsert_lease_rows([lease_row("r1", "l1")])
+            writer.set_read_model_position(2)
+        reader = self.connect(read_only=True)
+        assert reader.read_only is True and reader.schema_problems() == []
+        assert flat(reader.pages(after=0, stream=None)) == rows and reader.row_at(2) == rows[1]
+        assert flat(reader.stream_pages("b", after_version=0)) == rows[1:]
+        assert reader.head() == writer.head() and reader.tail("a") == (1, 2, rows[1][7], rows[1][4])
+        assert reader.streams() == ["a", "b"] and reader.seq_bounds() == (2, 1) and reader.stream_version("b") == 1
+        assert reader.meta("store_id") == writer.meta("store_id") and reader.meta("key_id") is None
+        assert reader.snapshot("a") == (1, 1, b"state", rows[0][7]) and reader.snapshot_positions() == [("a", 1)]
+        assert reader.read_model_tables() == READ_MODEL_TABLES and reader.read_model_position() == 2
+        assert reader.read_model_rows("runners") == [runner_row("r1", 1)]
+        assert reader.lease_rows_of("r1") == [lease_row("r1", "l1")]
+        with pytest.raises(StoreIOError):
+            store_over(reader).append("a", [ReclaimCompleted(generation=1)])
+        assert writer.head()[0] == 2
+
+    def test_a_fenced_store_refuses_writes_and_still_reads(self) -> None:
+        store = store_over(self.connect())
+        store.append("a", [ReclaimCompleted(generation=1)])
+        store.fence("another process took over")
+        for _ in range(2):
+            with pytest.raises(StoreFencedError):
+                store.append("a", [ReclaimCompleted(generation=2)])
+        assert store.fenced == "another process took over"
+        assert store.head().seq == 1 and [e.seq for e in store.read()] == [1] and store.verify().events == 1
+
+    def test_data_version_moves_when_another_connection_commits(self) -> None:
+        mine, other = self.connect(), self.connect()
+        before = mine.data_version()
+        assert mine.data_version() == before
+        with other.read_tx("read"):
+            other.head()
+        assert mine.data_version() == before  # a read elsewhere is no change
+        commit(other, LogRows().next("a"))
+        after = mine.data_version()
+        assert after != before and mine.data_version() == after
+
+    def test_identity_holds_until_the_storage_is_replaced(self) -> None:
+        backend = self.connect()
+        store = store_over(backend)
+        store.append("a", [ReclaimCompleted(generation=1)])
+        assert backend.identity == backend.file_identity()
+        self.replace_storage()
+        assert backend.file_identity() != backend.identity
+        with pytest.raises(StoreFencedError):
+            store.append("a", [ReclaimCompleted(generation=2)])
+        assert store.fenced is not None
+        with pytest.raises(StoreFencedError):  # the fence stays
+            store.append("a", [ReclaimCompleted(generation=2)])
+
+    # --- commits the storage may not have kept ---------------------------------------------------------
+
+    def test_a_commit_of_unknown_outcome_says_so(self) -> None:
+        backend = self.connect_unknown()
+        with pytest.raises(StoreIOError) as caught, backend.write("append"):
+            backend.insert(LogRows().next("a"))
+        assert caught.value.outcome_unknown is True
+
+    def test_a_store_whose_commit_outcome_is_unknown_fences_itself(self) -> None:
+        store = store_over(self.connect_unknown())
+        with pytest.raises(StoreIOError) as caught:
+            store.append("a", [ReclaimCompleted(generation=1)])
+        assert caught.value.outcome_unknown is True and store.fenced is not None
+        with pytest.raises(StoreFencedError):
+            store.append("a", [ReclaimCompleted(generation=2)])
+        store.head()  # reads go on
+
+    def test_an_insert_the_storage_drops_is_refused(self) -> None:
+        backend, log = self.connect(), LogRows()
+        first = log.next("a")
+        commit(backend, first)
+        self.drop_inserts()
+        with pytest.raises(StoreFormatError), backend.write("append"):
+            backend.insert(log.next("a", "b"))
+        assert backend.head() == (1, first[0][7], first[0][4]) and backend.tail("a")[:2] == (1, 1)
+        store = store_over(backend)
+        with pytest.raises(StoreFormatError):
+            store.append("a", [ReclaimCompleted(generation=1)])
+        assert store.head().seq == 1 and [e.seq for e in store.read()] == [1]
+
+
+class TestSqliteBackend(BackendContract):
+    """The SQLite backend: a store file in the test's temporary directory."""
+
+    @pytest.fixture
+    def store_place(self, tmp_path: Path) -> Iterator[None]:
+        self.path = os.path.join(tmp_path, "events.db")
+        self.vfs: list[FaultVFS] = []
+        yield
+        for vfs in self.vfs:
+            vfs.unregister()
+
+    def open_backend(self, *, read_only: bool = False, busy_timeout_ms: int = 5000) -> Backend:
+        return SqliteBackend(self.path, durability="full", busy_timeout_ms=busy_timeout_ms, read_only=read_only)
+
+    def open_with_unknown_outcome(self) -> Backend:
+        # The fault-injecting VFS fails the next fsync: the one a commit makes of the WAL.
+        vfs = FaultVFS(f"contract-{len(self.vfs)}-{os.getpid()}")
+        self.vfs.append(vfs)
+        backend = SqliteBackend(self.path, durability="full", busy_timeout_ms=5000, vfs=vfs.name)
+        vfs.inject("sync", apsw.SQLITE_IOERR_FSYNC, at=1)
+        return backend
+
+    def replace_storage(self) -> None:
+        other = self.path + ".other"
+        SqliteBackend(other, durability="full", busy_timeout_ms=5000).close()
+        os.rename(self.path, self.path + ".moved")
+        os.replace(other, self.path)
+
+    def drop_inserts(self) -> None:
+        conn = apsw.Connection(self.path)
+        with contextlib.closing(conn):
+            conn.set_busy_timeout(5000)
+            conn.execute("CREATE TRIGGER skip BEFORE INSERT ON events BEGIN SELECT RAISE(IGNORE); END")
