@@ -274,10 +274,10 @@ class BackendContract:
             with pytest.raises(StoreBusyError), waiting.write("meta"):
                 waiting.set_meta("key_id", KEY_ID)
             with pytest.raises(StoreBusyError):
-                store.append("a", [ReclaimCompleted(generation=1)])
+                store.append_unchecked("a", [ReclaimCompleted(generation=1)])
             assert waiting.head()[0] == 0  # reads go on beside a writer
         assert waiting.meta("key_id") is None
-        assert store.append("a", [ReclaimCompleted(generation=1)])[0].seq == 1
+        assert store.append_unchecked("a", [ReclaimCompleted(generation=1)])[0].seq == 1
 
     def test_a_read_only_backend_reads_everything_and_the_store_refuses_writes(self) -> None:
         writer, log = self.connect(), LogRows()
@@ -306,11 +306,11 @@ class BackendContract:
 
     def test_a_fenced_store_refuses_writes_and_still_reads(self) -> None:
         store = store_over(self.connect())
-        store.append("a", [ReclaimCompleted(generation=1)])
+        store.append_unchecked("a", [ReclaimCompleted(generation=1)])
         store.fence("another process took over")
         for _ in range(2):
             with pytest.raises(StoreFencedError):
-                store.append("a", [ReclaimCompleted(generation=2)])
+                store.append_unchecked("a", [ReclaimCompleted(generation=2)])
         assert store.fenced == "another process took over"
         assert store.head().seq == 1 and [e.seq for e in store.read()] == [1] and store.verify().events == 1
 
@@ -328,15 +328,15 @@ class BackendContract:
     def test_identity_holds_until_the_storage_is_replaced(self) -> None:
         backend = self.connect()
         store = store_over(backend)
-        store.append("a", [ReclaimCompleted(generation=1)])
+        store.append_unchecked("a", [ReclaimCompleted(generation=1)])
         assert backend.identity == backend.file_identity()
         self.replace_storage()
         assert backend.file_identity() != backend.identity
         with pytest.raises(StoreFencedError):
-            store.append("a", [ReclaimCompleted(generation=2)])
+            store.append_unchecked("a", [ReclaimCompleted(generation=2)])
         assert store.fenced is not None
         with pytest.raises(StoreFencedError):  # the fence stays
-            store.append("a", [ReclaimCompleted(generation=2)])
+            store.append_unchecked("a", [ReclaimCompleted(generation=2)])
 
     # --- commits the storage may not have kept ---------------------------------------------------------
 
@@ -349,10 +349,10 @@ class BackendContract:
     def test_a_store_whose_commit_outcome_is_unknown_fences_itself(self) -> None:
         store = store_over(self.connect_unknown())
         with pytest.raises(StoreIOError) as caught:
-            store.append("a", [ReclaimCompleted(generation=1)])
+            store.append_unchecked("a", [ReclaimCompleted(generation=1)])
         assert caught.value.outcome_unknown is True and store.fenced is not None
         with pytest.raises(StoreFencedError):
-            store.append("a", [ReclaimCompleted(generation=2)])
+            store.append_unchecked("a", [ReclaimCompleted(generation=2)])
         store.head()  # reads go on
 
     def test_an_insert_the_storage_drops_is_refused(self) -> None:
@@ -365,7 +365,7 @@ class BackendContract:
         assert backend.head() == (1, first[0][7], first[0][4]) and backend.tail("a")[:2] == (1, 1)
         store = store_over(backend)
         with pytest.raises(StoreFormatError):
-            store.append("a", [ReclaimCompleted(generation=1)])
+            store.append_unchecked("a", [ReclaimCompleted(generation=1)])
         assert store.head().seq == 1 and [e.seq for e in store.read()] == [1]
 
 
