@@ -13,33 +13,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle_es import EventStore
-
-# 2026-01-01T00:00:00.000Z: a fixed start, so `at` columns and receipts are the same on every run.
-START_MS = 1_767_225_600_000
-
-
-class FakeClock:
-    """An epoch-millisecond clock that stands still until `advance` moves it (a negative step models skew).
-
-    Pass ``clock.now`` (or the clock itself: it is callable) wherever the code takes ``now=``.
-    """
-
-    def __init__(self, start_ms: int = START_MS) -> None:
-        self.ms = start_ms
-
-    def now(self) -> int:
-        """The current time in epoch milliseconds."""
-        return self.ms
-
-    __call__ = now
-
-    def advance(self, ms: int) -> int:
-        """Move the clock by `ms` milliseconds and return the new time."""
-        self.ms += ms
-        return self.ms
-
-    def __repr__(self) -> str:
-        return f"FakeClock(ms={self.ms})"
+from lifecycle_es.testing import FakeClock
 
 
 @pytest.fixture

@@ -19,12 +19,12 @@ from typing import Any
 
 import apsw
 import pytest
-from conftest import FakeClock
 
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle, chain
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import RUNNER_SCHEMA, LeaseAcquired, LeaseSettled, RunnerInitialized
 from lifecycle_es.sqlite_schema import MIGRATIONS
+from lifecycle_es.testing import FakeClock
 from lifecycle_es.walk import MIN_RANGE_EVENTS
 from projections import attach, rebuild, replay
 

@@ -25,6 +25,7 @@ from lifecycle_es.errors import StaleFenceError, StoreKeyError
 from lifecycle_es.receipts import project
 from lifecycle_es.replay import TAG_BYTES, load, snapshot_blob, snapshot_of
 from lifecycle_es.runner import apply, encode_state
+from lifecycle_es.testing import FakeClock
 from projections import (
     attach,
     fleet,
@@ -52,19 +53,6 @@ def epoch_ms(at: str) -> int:
     return delta // timedelta(milliseconds=1)
 
 
-class FakeClock:
-    """Epoch milliseconds that move only when the test says so."""
-
-    def __init__(self, ms: int = T0) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def advance(self, ms: int) -> None:
-        self.ms += ms
-
-
 @dataclass
 class Fleet:
     """A store shared by the five runners, the clock, and a handle per runner."""
@@ -86,7 +74,7 @@ class Fleet:
 
 
 def open_fleet(tmp_path: Path, *, snapshot_every: int = 64) -> Fleet:
-    clock = FakeClock()
+    clock = FakeClock(T0)
     base_dir = tmp_path / "base"
     base_dir.mkdir(exist_ok=True)
     path = str(tmp_path / "runners.db")
@@ -361,7 +349,7 @@ def _forge_snapshot(path: str, runner_id: str, **changes: Any) -> None:
 @pytest.fixture
 def keyed(tmp_path: Path) -> Iterator[Fleet]:
     """A keyed store, snapshots after every command: runner-a parked, runner-b accepting with a settled lease."""
-    clock = FakeClock()
+    clock = FakeClock(T0)
     base_dir = tmp_path / "base"
     base_dir.mkdir()
     path = str(tmp_path / "keyed.db")
@@ -524,7 +512,7 @@ def test_fleet_view_counts(mixed: Fleet) -> None:
 
 
 def test_read_models_follow_the_projection_retention_while_the_log_keeps_every_lease(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(T0)
     with EventStore.open(str(tmp_path / "runners.db"), now=clock, durability="normal") as store:
         attach(store)
         # The preflight is not under test here; skipping its probe file keeps 260 leases quick.

@@ -15,12 +15,12 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import FakeClock
 
 from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError
 from lifecycle_es.backend import MAX_EVENT_BYTES
 from lifecycle_es.events import LeaseSettled, ReclaimCompleted, RunnerParked, UnitStopped, encode
 from lifecycle_es.log import RecordedEvent
+from lifecycle_es.testing import FakeClock
 
 EVENT = ReclaimCompleted(generation=1)
 

@@ -13,11 +13,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import FakeClock
 from test_cli_logs import DIGEST, HOOK, authority, run
 
 from lifecycle_es import EventStore, Resources, RunnerLifecycle, StoreIOError
 from lifecycle_es.events import ReclaimCompleted
+from lifecycle_es.testing import FakeClock
 from projections import attach
 
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import apsw
 import pytest
-from conftest import FakeClock
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -39,6 +38,7 @@ from lifecycle_es.events import (
     type_of,
 )
 from lifecycle_es.sqlite_schema import MIGRATIONS
+from lifecycle_es.testing import FakeClock
 from lifecycle_es.values import ID_RE
 
 ModelRow = tuple[int, str, int, str, str, bytes]

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import apsw
 import pytest
-from conftest import FakeClock
 from test_cli_logs import DIGEST, HOOK, audit_json, authority, copy_store, fleet_in
 
 from lifecycle_es import EventStore, Resources, RunnerLifecycle, StoreFormatError
 from lifecycle_es.events import ReclaimCompleted
 from lifecycle_es.replay import load
 from lifecycle_es.sqlite_schema import MIGRATIONS
+from lifecycle_es.testing import FakeClock
 
 KEY = bytes(range(32))
 IGNORE_INSERTS = "CREATE TRIGGER t BEFORE INSERT ON events BEGIN SELECT RAISE(IGNORE); END"

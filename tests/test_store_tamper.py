@@ -19,7 +19,6 @@ from typing import Any
 
 import apsw
 import pytest
-from conftest import FakeClock
 from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 
@@ -33,6 +32,7 @@ from lifecycle_es import (
 )
 from lifecycle_es.events import Event, LeaseSettled, ReclaimCompleted, RunnerParked, encode, type_of
 from lifecycle_es.sqlite_schema import MIGRATIONS
+from lifecycle_es.testing import FakeClock
 
 TRIGGERS = [statement for statement in MIGRATIONS[1] if statement.startswith("CREATE TRIGGER")]
 KEY = bytes(range(32))

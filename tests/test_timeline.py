@@ -13,7 +13,6 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import FakeClock
 from test_cli_logs import HOOK, attack, authority, copy_store, one_error_line, run
 
 from lifecycle_es import EventStore, Resources, RunnerLifecycle
@@ -21,6 +20,7 @@ from lifecycle_es.canonical import iso_ms
 from lifecycle_es.errors import InvalidInputError
 from lifecycle_es.events import UnitExited, UnitRecord, UnitSignalled, UnitStarted, UnitStarting, UnitStopped
 from lifecycle_es.log import RecordedEvent
+from lifecycle_es.testing import FakeClock
 from projections.timeline import MARKS, MarkKind, collect
 from projections.timeline_svg import draw, svg_text, timeline_svg
 

@@ -16,6 +16,10 @@ class FakeClock:
         """The current time in epoch milliseconds."""
         return self.ms
 
+    def now(self) -> int:
+        """The current time in epoch milliseconds (the clock itself, called, says the same)."""
+        return self.ms
+
     def advance(self, ms: int) -> int:
         """Move the clock by `ms` milliseconds (negative models skew) and return the new time."""
         self.ms += ms
