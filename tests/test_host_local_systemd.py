@@ -158,7 +158,7 @@ def test_a_forged_systemd_unit_is_never_stopped_or_adopted(runner, systemd_manag
 def test_a_systemd_unit_started_by_a_host_that_died_before_recording_it_is_adopted(runner) -> None:
     store, lifecycle, host = runner
     receipt = lifecycle.acquire_lease(session_id="s1", expected_generation=1, proxy_authority=proxy())
-    record = lifecycle.record
+    record = lifecycle.record_host_facts
 
     class Died(Exception):
         pass
@@ -168,10 +168,10 @@ def test_a_systemd_unit_started_by_a_host_that_died_before_recording_it_is_adopt
             raise Died  # the host is gone between systemd-run and its record
         return record(events)
 
-    lifecycle.record = dies_before_the_outcome  # type: ignore[method-assign]
+    lifecycle.record_host_facts = dies_before_the_outcome  # type: ignore[method-assign]
     with pytest.raises(Died):
         host.start(receipt, command=[sys.executable, "-c", POLITE], token=TOKEN)
-    lifecycle.record = record  # type: ignore[method-assign]
+    lifecycle.record_host_facts = record  # type: ignore[method-assign]
     host.close()
     again = LocalHost(lifecycle, mode="systemd", scope="user", exec=host.driver.exec,  # type: ignore[union-attr]
                       token_dir=str(host.driver.token_dir), stop_timeout_ms=5_000)  # type: ignore[union-attr]
