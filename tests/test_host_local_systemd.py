@@ -19,7 +19,7 @@ from systemd_manager import SystemdUserManager, systemd_manager  # noqa: F401  (
 from waiting import wait_for
 
 from hosts.local import LocalHost
-from hosts.systemd import parse_show
+from hosts.systemd_show import parse_show
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import UnitRecord, UnitStarted, UnitStarting
