@@ -1,7 +1,7 @@
 """Side effects: the local host driver's primitives (processes, systemd units, run dirs, parking).
 
 Modules: `hosts.proc` (/proc, the boot, how a death reads, running a command), `hosts.child` (child
-mode units), `hosts.systemd` (systemd mode units; `hosts.systemd_run` builds their argv and
+mode units; `hosts.child_spawn` starts them), `hosts.systemd` (systemd mode units; `hosts.systemd_run` builds their argv and
 `hosts.systemd_show` reads what systemd says of them), `hosts.rundir` (a lease's held run directory),
 `hosts.unitfiles` (the host's proof of the units it started, and a unit's result read safely),
 `hosts.park` (parking and drain decisions from a unit's task report), `hosts.reconcile` (the pass that
