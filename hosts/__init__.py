@@ -1,15 +1,17 @@
 """Side effects: the local host driver's primitives (processes, systemd units, run dirs, parking).
 
-Modules: `hosts.proc` (/proc, the boot, how a death reads, running a command), `hosts.child` (child
-mode units; `hosts.child_spawn` starts them), `hosts.systemd` (systemd mode units; `hosts.systemd_run` builds their argv and
-`hosts.systemd_show` reads what systemd says of them), `hosts.rundir` (a lease's held run directory),
-`hosts.unitfiles` (the host's proof of the units it started, and a unit's result read safely),
-`hosts.park` (parking and drain decisions from a unit's task report), `hosts.reconcile` (the pass that
-converges the log and the machine) and `hosts.local` (`LocalHost`). Each imports lifecycle_es for its
-errors and values; lifecycle_es never imports hosts.
+Modules: `hosts.proc` (/proc, the boot, how a death reads, running a command), `hosts.driver` (the
+`UnitDriver` protocol: what the host needs of a mode's units), `hosts.child` (child mode units;
+`hosts.child_spawn` starts them), `hosts.systemd` (systemd mode units; `hosts.systemd_run` builds their
+argv and `hosts.systemd_show` reads what systemd says of them), `hosts.rundir` (a lease's held run
+directory), `hosts.unitfiles` (the host's proof of the units it started, and a unit's result read
+safely), `hosts.park` (parking and drain decisions from a unit's task report), `hosts.reconcile` (the
+pass that converges the log and the machine) and `hosts.local` (`LocalHost`). Each imports
+lifecycle_es for its errors and values; lifecycle_es never imports hosts.
 """
 
 from .child import ChildExit, ChildUnits
+from .driver import DriverOptions, UnitDriver, UnitEnd
 from .park import (
     LOCAL_PARK_THRESHOLD_MS,
     STATUS_LIMIT,
@@ -64,6 +66,7 @@ __all__ = [
     "ChildExit",
     "ChildUnits",
     "CommandResult",
+    "DriverOptions",
     "Exec",
     "HandleProof",
     "HostError",
@@ -74,6 +77,8 @@ __all__ = [
     "StatusReport",
     "SystemdUnits",
     "Task",
+    "UnitDriver",
+    "UnitEnd",
     "UnitExit",
     "UnitFileError",
     "UnitStartError",

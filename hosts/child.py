@@ -53,6 +53,7 @@ from lifecycle_es.files import read_regular
 from lifecycle_es.values import Resources
 
 from .child_spawn import spawn_unit
+from .driver import DriverOptions
 from .proc import (
     SAFE_PATH,
     UnitStartError,
@@ -91,6 +92,8 @@ class ChildUnits:
     touched. `stop_timeout_ms` is how long `stop` waits after SIGTERM; `poll_ms` how often it looks.
     """
 
+    mode = "child"  # as ``UnitStarting`` and every handle of this driver record it
+
     def __init__(self, *, host_name: str | None = None, boot_id: str | None = None,
                  stop_timeout_ms: int = 30_000, poll_ms: int = 50) -> None:
         self.host_name = host_name if host_name is not None else socket.gethostname()
@@ -100,6 +103,11 @@ class ChildUnits:
         # Per (pid, start ticks): the CPU limit of units this object started, and the exits it reaped.
         self._cpu_limits: dict[tuple[int, int], int] = {}
         self._exits: dict[tuple[int, int], ChildExit] = {}
+
+    @classmethod
+    def for_host(cls, options: DriverOptions) -> ChildUnits:
+        """The driver `hosts.local.LocalHost` runs in child mode: of its options, only the stop timeout applies."""
+        return cls(stop_timeout_ms=options.stop_timeout_ms)
 
     def __repr__(self) -> str:
         return f"<ChildUnits host={self.host_name!r} reaped={len(self._exits)}>"
@@ -274,3 +282,33 @@ class ChildUnits:
         )
         self._exits[key] = exit_
         return exit_
+
+    # --- as the host drives it (hosts.driver.UnitDriver) ---------------------------------------------
+
+    def plan(self, lease_id: str, run_dir: Path) -> None:
+        """None: a child's handle (its pid) exists only once it runs."""
+        return None
+
+    def start_unit(self, command: Sequence[str], *, lease_id: str, run_dir: Path, token: str | bytes | None,
+                   resources: Resources, env: Mapping[str, str], planned: UnitRecord | None) -> UnitRecord:
+        """`start` in the lease's run directory; `lease_id` and `planned` (always None) are not needed."""
+        return self.start(command, run_dir=run_dir, token=token, resources=resources, env=env)
+
+    def observe(self, handle: UnitRecord) -> str:
+        """`status` after `reap`: a unit that ended is ``stopped`` (collected here), not a zombie read ``gone``."""
+        self.reap(handle)
+        return self.status(handle)
+
+    def exit(self, handle: UnitRecord) -> ChildExit | None:
+        """How the unit ended, as `reap` collected it (looking once), or None."""
+        return self.reap(handle)
+
+    def find_started(self, run_dir: Path, *, lease_id: str, lease_generation: int, unit: str | None,
+                     command: tuple[str, ...]) -> UnitRecord | None:
+        """The unit whose wrapper wrote its pid file in `run_dir` for the intent's `command` (`find`)."""
+        return self.find(run_dir, command)
+
+    def discard(self, handle: UnitRecord) -> None:
+        """Stop the unit and reap it, waiting up to the stop timeout for its end."""
+        self.stop(handle)
+        self.reap(handle, timeout_ms=self.stop_timeout_ms)

@@ -42,6 +42,7 @@ from lifecycle_es.errors import InvalidInputError
 from lifecycle_es.events import UnitRecord
 from lifecycle_es.values import Resources, safe_id, shown
 
+from .driver import DriverOptions
 from .proc import (
     CommandResult,
     Exec,
@@ -56,12 +57,17 @@ from .proc import (
 from .rundir import EXIT_FILE
 from .systemd_run import SYSTEMD_RUN, UNIT_SAFE, Scope, property_path, systemd_run_argv, unit_name
 from .systemd_show import SHOW_PROPERTIES, UnitExit, parse_show, read_exit_record, unit_exit, unit_status
+from .unitfiles import HandleProof, read_proof
 
 SYSTEMCTL = "/usr/bin/systemctl"
 DEFAULT_TOKEN_DIR = "/run/lifecycle-es"
 
 # systemctl's exit status for "unit not loaded" (LSB 5): stopping a unit systemd already collected.
 SYSTEMCTL_NOT_LOADED = 5
+
+
+def _epoch_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class SystemdUnits:
@@ -72,11 +78,13 @@ class SystemdUnits:
     named: refused with InvalidInputError otherwise.
     """
 
+    mode = "systemd"  # as ``UnitStarting`` and every handle of this driver record it
+
     def __init__(self, *, scope: Scope = "system", user: str | None = None, group: str | None = None,
                  exec: Exec = run_command, token_dir: str | os.PathLike[str] = DEFAULT_TOKEN_DIR,
                  host_name: str | None = None, boot_id: str | None = None, stop_timeout_ms: int = 30_000,
                  unit_prefix: str = "les-", restart: bool = True,
-                 now: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+                 now: Callable[[], int] = _epoch_ms,
                  systemd_run: str = SYSTEMD_RUN, systemctl: str = SYSTEMCTL) -> None:
         if scope == "system" and user is None:
             if os.geteuid() == 0:
@@ -93,6 +101,14 @@ class SystemdUnits:
         self.stop_timeout_ms = stop_timeout_ms
         self.unit_prefix, self.restart, self.now = unit_prefix, restart, now
         self.systemd_run, self.systemctl = systemd_run, systemctl
+
+    @classmethod
+    def for_host(cls, options: DriverOptions) -> SystemdUnits:
+        """The driver `hosts.local.LocalHost` runs in systemd mode, from its options."""
+        return cls(scope=options.scope, user=options.user, group=options.group,
+                   exec=options.exec if options.exec is not None else run_command,
+                   token_dir=options.token_dir if options.token_dir is not None else DEFAULT_TOKEN_DIR,
+                   stop_timeout_ms=options.stop_timeout_ms, now=options.now if options.now is not None else _epoch_ms)
 
     def __repr__(self) -> str:
         return f"<SystemdUnits scope={self.scope} host={self.host_name!r} user={self.user!r}>"
@@ -156,8 +172,11 @@ class SystemdUnits:
                     self._empty_token(path)
                 else:
                     path.unlink(missing_ok=True)
-        return UnitRecord(mode="systemd", host=self.host_name, boot_id=self.boot_id, run_dir=str(run_path),
-                          unit=unit)
+        return self._handle(run_path, unit)
+
+    def _handle(self, run_dir: str | os.PathLike[str], unit: str | None) -> UnitRecord:
+        """The handle of `unit` started in `run_dir` by this host, this boot."""
+        return UnitRecord(mode="systemd", host=self.host_name, boot_id=self.boot_id, run_dir=str(run_dir), unit=unit)
 
     def _write_token(self, path: Path, data: bytes) -> None:
         """Write the token to a fresh 0600 file in the 0700 token directory (made when missing)."""
@@ -247,6 +266,34 @@ class SystemdUnits:
             raise UnitStopError(f"systemctl stop {unit}: {how}")
         self._ctl("reset-failed", f"{unit}.service")
         self.token_file(unit).unlink(missing_ok=True)
+
+    # --- as the host drives it (hosts.driver.UnitDriver) ---------------------------------------------
+
+    def plan(self, lease_id: str, run_dir: Path) -> UnitRecord:
+        """The handle of the lease's next unit, its name fresh (`new_unit_name`): known before the start."""
+        return self._handle(run_dir, self.new_unit_name(lease_id))
+
+    def start_unit(self, command: Sequence[str], *, lease_id: str, run_dir: Path, token: str | bytes | None,
+                   resources: Resources, env: Mapping[str, str], planned: UnitRecord | None) -> UnitRecord:
+        """`start` under the unit name `plan` chose (a fresh one without a plan)."""
+        return self.start(command, lease_id=lease_id, run_dir=run_dir, token=token, resources=resources, env=env,
+                          unit=planned.unit if planned is not None else None)
+
+    def observe(self, handle: UnitRecord) -> str:
+        """`status`: systemd keeps its units' ends, so there is nothing to collect first."""
+        return self.status(handle)
+
+    def find_started(self, run_dir: Path, *, lease_id: str, lease_generation: int, unit: str | None,
+                     command: tuple[str, ...]) -> UnitRecord | None:
+        """The intent's unit, when the proof written before ``systemd-run`` names it, its lease and command."""
+        planned = self._handle(run_dir, unit)
+        proof = HandleProof(lease_id=lease_id, lease_generation=lease_generation, handle=planned, command=command)
+        return planned if read_proof(run_dir) == proof else None
+
+    def discard(self, handle: UnitRecord) -> None:
+        """`stop`: systemd collects the unit's end itself."""
+        self.stop(handle)
+
 
 
 __all__ = ["DEFAULT_TOKEN_DIR", "SYSTEMCTL", "SYSTEMCTL_NOT_LOADED", "SystemdUnits"]

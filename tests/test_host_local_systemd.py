@@ -173,8 +173,8 @@ def test_a_systemd_unit_started_by_a_host_that_died_before_recording_it_is_adopt
         host.start(receipt, command=[sys.executable, "-c", POLITE], token=TOKEN)
     lifecycle.record_host_facts = record  # type: ignore[method-assign]
     host.close()
-    again = LocalHost(lifecycle, mode="systemd", scope="user", exec=host.driver.exec,  # type: ignore[union-attr]
-                      token_dir=str(host.driver.token_dir), stop_timeout_ms=5_000)  # type: ignore[union-attr]
+    again = LocalHost(lifecycle, mode="systemd", scope="user", exec=host.driver.exec,  # type: ignore[attr-defined]
+                      token_dir=str(host.driver.token_dir), stop_timeout_ms=5_000)  # type: ignore[attr-defined]
     assert [a.kind for a in again.reconcile()] == ["adopted"]
     handle = again.units()[receipt.lease.id].handle
     assert handle is not None and again.status(handle) == "running"
