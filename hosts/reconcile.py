@@ -54,7 +54,7 @@ from lifecycle_es.events import (
     UnitWakeRecorded,
 )
 from lifecycle_es.lifecycle import RunnerLifecycle
-from lifecycle_es.runner import Lease, RunnerState
+from lifecycle_es.state import Lease, RunnerState
 
 from .driver import UnitDriver
 from .park import parking_decision, record_wake

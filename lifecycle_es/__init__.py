@@ -43,8 +43,8 @@ from .receipts import (
     PostSessionHook,
     RunnerSnapshot,
 )
-from .runner import Drain, Lease, ProxyRef, RunnerCapacityError, RunnerState
 from .seal import Seal
+from .state import Drain, Lease, ProxyRef, RunnerCapacityError, RunnerState
 from .store import EventStore, Head, RecordedEvent, VerifyReport
 from .values import ProxyAuthority, Resources
 

@@ -25,7 +25,8 @@ from .canonical import parse_iso_ms
 from .draft import RunnerDraft, is_keyed, thaw
 from .errors import IntegrityError, LifecycleError, StoreError, StoreKeyError
 from .events import Event, decode, type_of
-from .runner import RunnerState, apply, decode_state, encode_state, start, step
+from .runner import apply, start, step
+from .state import RunnerState, decode_state, encode_state
 from .store import EventStore, RecordedEvent
 
 

@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lifecycle_es.replay import Folded, fold, load
-from lifecycle_es.runner import Lease, RunnerState
-from lifecycle_es.state import lease_counts
+from lifecycle_es.state import Lease, RunnerState, lease_counts
 from lifecycle_es.store import EventStore, RecordedEvent
 
 POSITION_NAME = "read_models"

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from lifecycle_es.replay import Folded, fold_log, proven_state, write_snapshot
-from lifecycle_es.runner import RunnerState, decode_state, encode_state
+from lifecycle_es.state import RunnerState, decode_state, encode_state
 from lifecycle_es.store import EventStore, RecordedEvent
 from lifecycle_es.values import shown
 

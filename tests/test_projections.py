@@ -23,7 +23,8 @@ from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle,
 from lifecycle_es.errors import StaleFenceError, StoreKeyError
 from lifecycle_es.receipts import project
 from lifecycle_es.replay import TAG_BYTES, load, snapshot_blob, snapshot_of
-from lifecycle_es.runner import apply, encode_state
+from lifecycle_es.runner import apply
+from lifecycle_es.state import encode_state
 from projections import (
     SnapshotCheck,
     attach,

@@ -24,7 +24,7 @@ from lifecycle_es import chain
 from lifecycle_es.backend import Backend, Row
 from lifecycle_es.errors import IntegrityError, LifecycleError
 from lifecycle_es.replay import fold_row
-from lifecycle_es.runner import RunnerState
+from lifecycle_es.state import RunnerState
 from lifecycle_es.store import AT_SEPARATORS, time_problem
 
 # Per stream, as the walk goes: (state, version, seq of its last event): the shape the read-model check takes.
