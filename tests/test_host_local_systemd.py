@@ -104,6 +104,26 @@ def test_the_unit_of_an_ended_lease_is_stopped_with_its_control_group(runner) ->
     assert not host.driver.token_file(handle.unit).exists()
 
 
+def test_a_systemd_unit_whose_proof_cannot_be_written_is_never_started(
+        runner, systemd_manager: SystemdUserManager) -> None:  # noqa: F811
+    from hosts.proc import UnitStartError
+
+    store, lifecycle, host = runner
+    receipt = lifecycle.acquire_lease(session_id="s1", expected_generation=1, proxy_authority=proxy())
+    run_dir = Path(lifecycle.base_dir) / receipt.lease.id
+    (run_dir / "unit.handle").mkdir(parents=True)  # a non-empty directory: the proof cannot be renamed over it
+    (run_dir / "unit.handle" / "x").touch()
+    with pytest.raises(UnitStartError, match="proof"):
+        host.start(receipt, command=[sys.executable, "-c", POLITE], token=TOKEN)
+    unit = next(r.event.unit for r in store.read() if r.type == "UnitStarting")
+    assert unit  # the name was chosen and recorded first; the proof of it comes before systemd-run
+    shown = systemd_manager.exec(["/usr/bin/systemctl", "--user", "show", f"{unit}.service", "--property=LoadState"])
+    assert parse_show(shown.stdout).get("LoadState") == "not-found"
+    assert not host.driver.token_file(unit).exists()  # type: ignore[attr-defined]
+    assert "UnitStarted" not in [r.type for r in store.read()]
+    assert [r.event.reason for r in store.read() if r.type == "LeaseParked"] == ["checkout-failure"]
+
+
 @pytest.fixture
 def bystander_unit(systemd_manager: SystemdUserManager) -> Iterator[str]:  # noqa: F811
     """A service of the same manager that no host started (a user's own unit)."""
