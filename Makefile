@@ -25,6 +25,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check lifecycle_es projections hosts tests benchmarks
+	$(BIN)/mypy --strict lifecycle_es projections hosts
 
 test: lint
 	$(BIN)/python -m pytest -m "not slow" -q

@@ -44,7 +44,8 @@ from lifecycle_es.events import (
     RunnerInitialized,
     RunnerParked,
 )
-from lifecycle_es.runner import HOOK_DOMAIN, RunnerState, apply, hook_receipt_material
+from lifecycle_es.runner import HOOK_DOMAIN, apply, hook_receipt_material
+from lifecycle_es.state import RunnerState
 
 from .baselines import raw_sqlite
 from .measure import Figure, Target, alternate, compared, quiesce, rate

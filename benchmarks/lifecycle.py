@@ -217,10 +217,14 @@ def _cold_load(context: Context, scale: dict[str, int]) -> list[Figure]:
     with EventStore.open(path, durability="normal") as builder:
         # Most of each runner is appended in batches; its last COLD_TAIL events are real commands, so the
         # snapshotted runner has snapshots at the lifecycle's own cadence (and a tail shorter than it).
-        for runner_id, every in (("runner-cold-snapshots", None), ("runner-cold-plain", 10**12)):
-            if every is not None and not no_snapshots:
-                continue
+        # Both histories first: they are stamped at history.AT, and the log never runs back in time after the
+        # commands' own (the clock's) stamps.
+        built = [(runner_id, every) for runner_id, every in (("runner-cold-snapshots", None),
+                                                            ("runner-cold-plain", 10**12))
+                 if every is None or no_snapshots]
+        for runner_id, _ in built:
             history.append_runner(builder, runner_id, COLD_EVENTS - COLD_TAIL, base_dir=context.workdir)
+        for runner_id, every in built:
             runners.LifecycleRunner(builder, runner_id, context.workdir, snapshot_every=every).commands(COLD_TAIL)
     quiesce()
 

@@ -45,7 +45,7 @@ from typing import Any
 
 from lifecycle_es import EventStore, LifecycleError, ProxyAuthority, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms, parse_iso_ms
-from lifecycle_es.runner import RunnerState
+from lifecycle_es.state import RunnerState
 
 from .measure import Figure, Target, compared, failed, number, percentile, table, unavailable
 from .suite import RESULTS, Context, environment

@@ -1,14 +1,17 @@
 """Side effects: the local host driver's primitives (processes, systemd units, run dirs, parking).
 
-Modules: `hosts.proc` (/proc, the boot, how a death reads, running a command), `hosts.child` (child
-mode units), `hosts.systemd` (systemd mode units), `hosts.rundir` (a lease's held run directory),
-`hosts.unitfiles` (the host's proof of the units it started, and a unit's result read safely),
-`hosts.park` (parking and drain decisions from a unit's task report), `hosts.reconcile` (the pass that
-converges the log and the machine) and `hosts.local` (`LocalHost`). Each imports lifecycle_es for its
-errors and values; lifecycle_es never imports hosts.
+Modules: `hosts.proc` (/proc, the boot, how a death reads, running a command), `hosts.driver` (the
+`UnitDriver` protocol: what the host needs of a mode's units), `hosts.child` (child mode units;
+`hosts.child_spawn` starts them), `hosts.systemd` (systemd mode units; `hosts.systemd_run` builds their
+argv and `hosts.systemd_show` reads what systemd says of them), `hosts.rundir` (a lease's held run
+directory), `hosts.unitfiles` (the host's proof of the units it started, and a unit's result read
+safely), `hosts.park` (parking and drain decisions from a unit's task report), `hosts.reconcile` (the
+pass that converges the log and the machine) and `hosts.local` (`LocalHost`). Each imports
+lifecycle_es for its errors and values; lifecycle_es never imports hosts.
 """
 
 from .child import ChildExit, ChildUnits
+from .driver import DriverOptions, UnitDriver, UnitEnd
 from .park import (
     LOCAL_PARK_THRESHOLD_MS,
     STATUS_LIMIT,
@@ -43,18 +46,9 @@ from .proc import (
     run_command,
 )
 from .rundir import RunDir, RunDirHeldError, open_run_dir, safe_run_root
-from .systemd import (
-    DEFAULT_TOKEN_DIR,
-    TERMINAL_EXITS,
-    UNIT_SAFE,
-    SystemdUnits,
-    UnitExit,
-    parse_show,
-    systemd_run_argv,
-    unit_exit,
-    unit_name,
-    unit_status,
-)
+from .systemd import DEFAULT_TOKEN_DIR, SystemdUnits
+from .systemd_run import TERMINAL_EXITS, UNIT_SAFE, systemd_run_argv, unit_name
+from .systemd_show import UnitExit, parse_show, unit_exit, unit_status
 from .unitfiles import HANDLE_FILE, RESULT_LIMIT, HandleProof, read_proof, result_digest, unproven, write_proof
 
 __all__ = [
@@ -72,6 +66,7 @@ __all__ = [
     "ChildExit",
     "ChildUnits",
     "CommandResult",
+    "DriverOptions",
     "Exec",
     "HandleProof",
     "HostError",
@@ -82,6 +77,8 @@ __all__ = [
     "StatusReport",
     "SystemdUnits",
     "Task",
+    "UnitDriver",
+    "UnitEnd",
     "UnitExit",
     "UnitFileError",
     "UnitStartError",

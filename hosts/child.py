@@ -1,20 +1,17 @@
 """Child mode: a unit is a detached child process of the host, in its own session and process group.
 
-Start: the host spawns a tiny wrapper (this interpreter, isolated: ``-I -S``) with ``setsid``, a
-minimal environment (the caller's ``env``, then ``PATH`` = `SAFE_PATH`, ``LANG=C.UTF-8`` and ``HOME``
-over it), stdin a pipe, stdout and stderr appended to the run directory's ``unit.log`` (0600). The
-wrapper writes ``unit.pid`` in the run directory (pid, start ticks, boot id, host and argv: `find`
-reads it back, the safe way and only for the intent's command, for a host that crashed before it
-recorded the start), sets the rlimits (``RLIMIT_CPU`` soft ``cpu_seconds``, hard one more;
-``RLIMIT_AS`` ``memory_bytes``; ``RLIMIT_CORE`` 0, so a SIGXCPU death writes no core into the work
-dir), changes into the work directory and execs the command: same pid,
-same start ticks, so the handle names the unit itself. The wrapper reports a failed exec through a
-close-on-exec pipe, so a command that cannot run fails `start` rather than leaving a handle to a dead
-process. The wrapper, not ``preexec_fn``, sets the limits because ``preexec_fn`` is not safe in a host
-that runs threads.
+    units = ChildUnits(stop_timeout_ms=5_000)
+    handle = units.start(command, run_dir=run_dir, token=secret, resources=limits)
+    units.status(handle)                 # "running", "stopped", "gone" or "unknown"
+    units.stop(handle)                   # SIGTERM the group, wait, SIGKILL
+    units.reap(handle)                   # its exit, once it ended
 
-The token is written to the stdin pipe, which is then closed: the unit reads it to EOF. It is never
-in argv, the environment or a file.
+Start: a wrapper spawned with ``setsid`` sets the unit's rlimits and execs the command (same pid, same
+start ticks, so the handle names the unit itself); the unit gets a minimal environment (the caller's
+``env``, then ``PATH`` = `SAFE_PATH`, ``LANG=C.UTF-8`` and ``HOME`` over it), its token on stdin only,
+and ``unit.log`` in the run directory for stdout and stderr. The wrapper writes ``unit.pid`` in the run
+directory before the exec: `find` reads it back, the safe way and only for the intent's command, for a
+host that crashed before it recorded the start. How, and why so: `hosts.child_spawn`.
 
 Status of a handle: ``unknown`` when it is not this host's (another host name, another mode, or no
 usable pid and start ticks); ``gone`` when it is from another boot, or its process is missing, a
@@ -40,17 +37,13 @@ is lost (it shows as ``gone``).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
-import select
+import resource
 import signal
 import socket
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from stat import S_ISREG
 
 import msgspec
 
@@ -59,6 +52,8 @@ from lifecycle_es.events import UnitRecord
 from lifecycle_es.files import read_regular
 from lifecycle_es.values import Resources
 
+from .child_spawn import spawn_unit
+from .driver import DriverOptions
 from .proc import (
     SAFE_PATH,
     UnitStartError,
@@ -75,51 +70,6 @@ from .proc import (
 )
 from .rundir import PID_FILE, UNIT_LOG, WORK_DIR
 
-# The wrapper runs between spawn and exec. argv: cpu seconds, memory bytes, work dir, pid file, host,
-# boot id, command... fd 3 is the error pipe: made close-on-exec here, so a successful exec closes it
-# (EOF in the host). The pid file is written before the exec, so a host that dies right after the
-# spawn still finds its unit.
-_WRAPPER = """\
-import json, os, resource, sys
-def lower(kind, soft, hard):
-    old_soft, old_hard = resource.getrlimit(kind)
-    if old_hard != resource.RLIM_INFINITY:
-        hard = min(hard, old_hard)
-    resource.setrlimit(kind, (min(soft, hard), hard))
-stage = "setup"
-try:
-    os.set_inheritable(3, False)
-    cpu, mem, cwd, pid_file, host, boot_id = sys.argv[1:7]
-    argv = sys.argv[7:]
-    stage = "pid file"
-    with open("/proc/self/stat", "rb") as f:
-        ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-    record = {"pid": os.getpid(), "start_ticks": ticks, "boot_id": boot_id, "host": host, "argv": argv}
-    fd = os.open(pid_file + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    os.write(fd, json.dumps(record).encode())
-    os.close(fd)
-    os.replace(pid_file + ".tmp", pid_file)
-    stage = "rlimit"
-    lower(resource.RLIMIT_CORE, 0, 0)
-    lower(resource.RLIMIT_CPU, int(cpu), int(cpu) + 1)
-    lower(resource.RLIMIT_AS, int(mem), int(mem))
-    stage = "chdir"
-    os.chdir(cwd)
-    stage = "exec"
-    os.execvp(argv[0], argv)
-except OSError as exc:
-    if stage in ("rlimit", "chdir", "exec"):
-        try:
-            os.unlink(pid_file)
-        except OSError:
-            pass
-    os.write(3, ("%s: %s" % (stage, exc.strerror)).encode())
-    os._exit(127)
-"""
-# Descriptors handed to posix_spawn are moved at or above this, so no dup2 onto 0..3 clobbers a source.
-_HIGH_FD = 10
-_EXEC_REPORT_TIMEOUT_S = 30.0
-_TOKEN_TIMEOUT_S = 30.0
 _KILL_WAIT_MS = 5_000
 # The wrapper's pid file is four short fields and the argv: a megabyte holds any sane command.
 _PID_FILE_LIMIT = 1 << 20
@@ -142,6 +92,8 @@ class ChildUnits:
     touched. `stop_timeout_ms` is how long `stop` waits after SIGTERM; `poll_ms` how often it looks.
     """
 
+    mode = "child"  # as ``UnitStarting`` and every handle of this driver record it
+
     def __init__(self, *, host_name: str | None = None, boot_id: str | None = None,
                  stop_timeout_ms: int = 30_000, poll_ms: int = 50) -> None:
         self.host_name = host_name if host_name is not None else socket.gethostname()
@@ -151,6 +103,11 @@ class ChildUnits:
         # Per (pid, start ticks): the CPU limit of units this object started, and the exits it reaped.
         self._cpu_limits: dict[tuple[int, int], int] = {}
         self._exits: dict[tuple[int, int], ChildExit] = {}
+
+    @classmethod
+    def for_host(cls, options: DriverOptions) -> ChildUnits:
+        """The driver `hosts.local.LocalHost` runs in child mode: of its options, only the stop timeout applies."""
+        return cls(stop_timeout_ms=options.stop_timeout_ms)
 
     def __repr__(self) -> str:
         return f"<ChildUnits host={self.host_name!r} reaped={len(self._exits)}>"
@@ -176,9 +133,9 @@ class ChildUnits:
             raise InvalidInputError("run_dir", "run_dir and work_dir must be absolute paths")
         child_env = {**safe_env(env), "PATH": SAFE_PATH, "LANG": "C.UTF-8",
                      "HOME": os.environ.get("HOME", "/")}
-        wrapper = [sys.executable, "-I", "-S", "-c", _WRAPPER, str(limits.cpu_seconds), str(limits.memory_bytes),
-                   str(cwd), str(run_path / PID_FILE), self.host_name, self.boot_id, *argv]
-        pid = self._spawn(wrapper, child_env, run_path / UNIT_LOG, data, name=argv[0])
+        pid = spawn_unit(argv, cpu_seconds=limits.cpu_seconds, memory_bytes=limits.memory_bytes, work_dir=cwd,
+                         pid_file=run_path / PID_FILE, host=self.host_name, boot_id=self.boot_id, env=child_env,
+                         log_path=run_path / UNIT_LOG, token=data)
         stat = proc_stat(pid)
         # The unit is our unreaped child, so its pid is held and its stat readable, zombie or not.
         if stat is None:
@@ -186,96 +143,6 @@ class ChildUnits:
         self._cpu_limits[(pid, stat.start_ticks)] = limits.cpu_seconds
         return UnitRecord(mode="child", host=self.host_name, boot_id=self.boot_id, run_dir=str(run_path),
                           pid=pid, start_ticks=stat.start_ticks)
-
-    def _spawn(self, wrapper: list[str], env: dict[str, str], log_path: Path, token: bytes, *,
-               name: str) -> int:
-        """posix_spawn the wrapper in a new session, wait for its exec, write the token, return the pid."""
-        opened: list[int] = []
-
-        def high(fd: int) -> int:
-            moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _HIGH_FD)
-            os.close(fd)
-            opened.append(moved)
-            return moved
-
-        try:
-            try:
-                # A unit that ran here before may have left a FIFO in the log's place: O_NONBLOCK makes
-                # its open fail (no reader) or return at once, never wait for a reader.
-                log_fd = high(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                                      | os.O_NONBLOCK | os.O_CLOEXEC, 0o600))
-            except OSError as exc:
-                raise UnitStartError(f"cannot open the unit log {str(log_path)!r}: {exc.strerror}") from exc
-            if not S_ISREG(os.fstat(log_fd).st_mode):
-                raise UnitStartError(f"the unit log {str(log_path)!r} is not a regular file")
-            os.set_blocking(log_fd, True)
-            os.fchmod(log_fd, 0o600)
-            stdin_r, stdin_w = (high(fd) for fd in os.pipe())
-            report_r, report_w = (high(fd) for fd in os.pipe())
-            try:
-                pid = os.posix_spawn(wrapper[0], wrapper, env, setsid=True, file_actions=[
-                    (os.POSIX_SPAWN_DUP2, stdin_r, 0), (os.POSIX_SPAWN_DUP2, log_fd, 1),
-                    (os.POSIX_SPAWN_DUP2, log_fd, 2), (os.POSIX_SPAWN_DUP2, report_w, 3),
-                ])
-            except OSError as exc:
-                raise UnitStartError(f"cannot start the unit wrapper {wrapper[0]!r}: {exc.strerror}") from exc
-            for fd in (stdin_r, report_w, log_fd):
-                opened.remove(fd)
-                os.close(fd)
-            failure = self._exec_report(report_r, pid)
-            if failure is not None:
-                os.waitpid(pid, 0)
-                raise UnitStartError(f"cannot run {name!r}: {failure}")
-            if not self._hand_token(stdin_w, token):
-                os.killpg(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise UnitStartError(f"{name!r} did not read its token within {_TOKEN_TIMEOUT_S:.0f} s")
-            return pid
-        finally:
-            for fd in opened:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-
-    @staticmethod
-    def _hand_token(stdin_w: int, token: bytes) -> bool:
-        """Write the token to the unit's stdin; False if the unit did not take it in time.
-
-        A pipe normally holds 64 KiB, but Linux shrinks new pipes to one page for a user over its pipe
-        quota: the write waits for the reader then, with a deadline, never forever.
-        """
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(stdin_w, fcntl.F_SETPIPE_SZ, max(len(token), 65536))
-        os.set_blocking(stdin_w, False)
-        deadline = time.monotonic() + _TOKEN_TIMEOUT_S
-        view = memoryview(token)
-        try:
-            while view:
-                _, ready, _ = select.select([], [stdin_w], [], max(0.0, deadline - time.monotonic()))
-                if not ready:
-                    return False
-                with contextlib.suppress(BlockingIOError):
-                    view = view[os.write(stdin_w, view):]
-        except BrokenPipeError:
-            pass  # the unit exited or closed stdin without reading: its exit tells the host why
-        return True
-
-    @staticmethod
-    def _exec_report(report_r: int, pid: int) -> str | None:
-        """What the wrapper wrote before dying, or None once its exec closed the pipe (EOF)."""
-        deadline = time.monotonic() + _EXEC_REPORT_TIMEOUT_S
-        chunks = []
-        while True:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([report_r], [], [], max(0.0, left))
-            if not ready:
-                # A wrapper that neither execs nor fails is stuck: end it rather than hand out its pid.
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return "the unit wrapper did not exec in time"
-            chunk = os.read(report_r, 4096)
-            if not chunk:
-                return b"".join(chunks).decode("utf-8", "replace") if chunks else None
-            chunks.append(chunk)
 
     # --- observe ------------------------------------------------------------------------------------
 
@@ -403,7 +270,7 @@ class ChildUnits:
                 return None
             time.sleep(self.poll_ms / 1000)
 
-    def _record_exit(self, key: tuple[int, int], status: int, usage: os.struct_rusage) -> ChildExit:
+    def _record_exit(self, key: tuple[int, int], status: int, usage: resource.struct_rusage) -> ChildExit:
         """Turn a wait status into a ChildExit and remember it for `status` and later `reap` calls."""
         signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
@@ -415,3 +282,33 @@ class ChildUnits:
         )
         self._exits[key] = exit_
         return exit_
+
+    # --- as the host drives it (hosts.driver.UnitDriver) ---------------------------------------------
+
+    def plan(self, lease_id: str, run_dir: Path) -> None:
+        """None: a child's handle (its pid) exists only once it runs."""
+        return None
+
+    def start_unit(self, command: Sequence[str], *, lease_id: str, run_dir: Path, token: str | bytes | None,
+                   resources: Resources, env: Mapping[str, str], planned: UnitRecord | None) -> UnitRecord:
+        """`start` in the lease's run directory; `lease_id` and `planned` (always None) are not needed."""
+        return self.start(command, run_dir=run_dir, token=token, resources=resources, env=env)
+
+    def observe(self, handle: UnitRecord) -> str:
+        """`status` after `reap`: a unit that ended is ``stopped`` (collected here), not a zombie read ``gone``."""
+        self.reap(handle)
+        return self.status(handle)
+
+    def exit(self, handle: UnitRecord) -> ChildExit | None:
+        """How the unit ended, as `reap` collected it (looking once), or None."""
+        return self.reap(handle)
+
+    def find_started(self, run_dir: Path, *, lease_id: str, lease_generation: int, unit: str | None,
+                     command: tuple[str, ...]) -> UnitRecord | None:
+        """The unit whose wrapper wrote its pid file in `run_dir` for the intent's `command` (`find`)."""
+        return self.find(run_dir, command)
+
+    def discard(self, handle: UnitRecord) -> None:
+        """Stop the unit and reap it, waiting up to the stop timeout for its end."""
+        self.stop(handle)
+        self.reap(handle, timeout_ms=self.stop_timeout_ms)

@@ -208,7 +208,9 @@ def run(directory: Path, out: Callable[[str], None] = print) -> Path:
             *(f"session-{n}: {receipt.lease.id}, pid {handle.pid}"
               for n, (receipt, handle) in enumerate(zip(receipts, handles, strict=True), 1)))
 
-        os.kill(handles[0].pid, signal.SIGKILL)
+        pid = handles[0].pid
+        assert pid is not None  # a child unit's handle names its process
+        os.kill(pid, signal.SIGKILL)
         _wait(lambda: host.status(handles[0]) != "running")
         host.reconcile()
         say("The unit of session-1 is killed with SIGKILL; the host driver notices and parks (ends unfinished) its "
@@ -238,15 +240,16 @@ def run(directory: Path, out: Callable[[str], None] = print) -> Path:
         actual = "sha256:" + hashlib.sha256(hook.read_bytes()).hexdigest()
         if actual != hook_digest:
             raise SystemExit(f"post-session hook {hook} does not match its digest: refusing to run it")
-        receipt = runner.authorize_post_session_hook(
+        hook_receipt = runner.authorize_post_session_hook(
             expected_runner_generation=snap.generation, lease_id=settled.id, lease_generation=settled.generation,
             result_digest=settled.result_digest or "", hook_digest=hook_digest)
-        ran = subprocess.run([sys.executable, str(hook), settled.id, receipt.receipt_digest], check=True,
+        ran = subprocess.run([sys.executable, str(hook), settled.id, hook_receipt.receipt_digest], check=True,
                              capture_output=True, text=True, timeout=30)
         say("Post-session hook (a program run after a session ends, to collect its results or clean up) checked, "
             "authorized and run",
             f"Its file still has the sha256 the runner was initialized with ({hook_digest[:23]}...); the log records "
-            f"a receipt (proof that this hook may run for this lease, as a digest: {receipt.receipt_digest[:23]}...), "
+            "a receipt (proof that this hook may run for this lease, as a digest: "
+            f"{hook_receipt.receipt_digest[:23]}...), "
             "and only then does it run (a hook is authorized only for a lease that has ended, while the runner is "
             "draining or parked). It printed:", ran.stdout.strip())
 

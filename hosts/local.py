@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 from lifecycle_es.errors import InvalidInputError
 from lifecycle_es.events import UnitRecord, UnitStarted, UnitStarting, UnitStopped
@@ -31,13 +32,17 @@ from lifecycle_es.lifecycle import RunnerLifecycle
 from lifecycle_es.receipts import LeaseReceipt
 
 from .child import ChildUnits
-from .proc import Exec, UnitStartError, UnprovenUnitError, run_command
+from .driver import DriverOptions, UnitDriver
+from .proc import Exec, UnitStartError, UnprovenUnitError
 from .reconcile import Action, Reconciler, UnitView
-from .rundir import RunDir, RunDirHeldError, open_run_dir, safe_run_root
+from .rundir import RunDir, open_run_dir, safe_run_root
 from .systemd import SystemdUnits
-from .unitfiles import exit_digest, result_digest, unproven
+from .systemd_run import Scope
+from .unitfiles import unproven
 
-MODES = ("child", "systemd")
+# Each mode's driver, built from the host's options: what differs between modes lives in the driver.
+MODES: Mapping[str, Callable[[DriverOptions], UnitDriver]] = {"child": ChildUnits.for_host,
+                                                              "systemd": SystemdUnits.for_host}
 
 
 class LocalHost(Reconciler):
@@ -58,8 +63,8 @@ class LocalHost(Reconciler):
         for name, value in (("stop_timeout_ms", stop_timeout_ms), ("park_threshold_ms", park_threshold_ms)):
             if type(value) is not int or not 0 <= value <= 86_400_000:
                 raise InvalidInputError(name, f"{name} must be an int in 0..86400000, got {value!r}")
-        for name, value in (("now", now), ("token_source", token_source), ("exec", exec)):
-            if value is not None and not callable(value):
+        for name, given in (("now", now), ("token_source", token_source), ("exec", exec)):
+            if given is not None and not callable(given):
                 raise InvalidInputError(name, f"{name} must be callable")
         self.lifecycle = lifecycle
         self.mode = mode
@@ -69,14 +74,9 @@ class LocalHost(Reconciler):
         self._now = now or lifecycle.clock
         self._token_source = token_source
         self._env = dict(env or {})
-        self.driver: ChildUnits | SystemdUnits
-        if mode == "child":
-            self.driver = ChildUnits(stop_timeout_ms=stop_timeout_ms)
-        else:
-            extra = {"token_dir": token_dir} if token_dir is not None else {}
-            self.driver = SystemdUnits(scope=scope, user=user, group=group,  # type: ignore[arg-type]
-                                       exec=exec or run_command, stop_timeout_ms=stop_timeout_ms, now=self._now,
-                                       **extra)
+        options = DriverOptions(stop_timeout_ms=stop_timeout_ms, scope=cast(Scope, scope), user=user, group=group,
+                                exec=exec, now=self._now, token_dir=token_dir)  # scope: checked above
+        self.driver: UnitDriver = MODES[mode](options)
         self._units: dict[str, UnitView] = {}
         self._version = 0
         self._run_dirs: dict[str, RunDir] = {}
@@ -120,31 +120,24 @@ class LocalHost(Reconciler):
     def _start(self, lease_id: str, lease_generation: int, command: list[str], token: str | bytes | None,
                env: Mapping[str, str] | None) -> UnitRecord:
         run = self._hold(lease_id)
-        unit = self.driver.new_unit_name(lease_id) if isinstance(self.driver, SystemdUnits) else None
-        self.lifecycle.record_host_facts([UnitStarting(lease_id=lease_id, lease_generation=lease_generation,
-                                                       mode=self.mode, run_dir=str(run.path), unit=unit,
-                                                       command=tuple(command))])
+        planned = self.driver.plan(lease_id, run.path)
+        self.lifecycle.record_host_facts([UnitStarting(
+            lease_id=lease_id, lease_generation=lease_generation, mode=self.driver.mode, run_dir=str(run.path),
+            unit=planned.unit if planned is not None else None, command=tuple(command))])
         resources = self.lifecycle.state().resources
         merged_env = {**self._env, **(env or {})}
         try:
-            if isinstance(self.driver, SystemdUnits):
-                # The name is known before the start: proven first, so a host that dies during
-                # systemd-run can still adopt the unit.
-                planned = UnitRecord(mode="systemd", host=self.driver.host_name, boot_id=self.driver.boot_id,
-                                     run_dir=str(run.path), unit=unit)
+            if planned is not None:
+                # The handle is known before the start: proven first, so a host that dies during the
+                # start can still adopt the unit.
                 self._prove(run, lease_id, lease_generation, planned, tuple(command))
-                handle = self.driver.start(command, lease_id=lease_id, run_dir=run.path, token=token,
-                                           resources=resources, env=merged_env, unit=unit)
-                if handle != planned:
-                    self._prove(run, lease_id, lease_generation, handle, tuple(command))
-            else:
-                handle = self.driver.start(command, run_dir=run.path, token=token, resources=resources,
-                                           env=merged_env)
+            handle = self.driver.start_unit(command, lease_id=lease_id, run_dir=run.path, token=token,
+                                            resources=resources, env=merged_env, planned=planned)
+            if handle != planned:
                 try:
                     self._prove(run, lease_id, lease_generation, handle, tuple(command))
                 except UnitStartError:
-                    self.driver.stop(handle)  # a unit it could not prove is one the host may not keep
-                    self.driver.reap(handle, timeout_ms=self.stop_timeout_ms)
+                    self.driver.discard(handle)  # a unit it could not prove is one the host may not keep
                     raise
         except UnitStartError:
             self._end_unit(lease_id, lease_generation, str(run.path), "checkout-failure", None, None)
@@ -160,19 +153,13 @@ class LocalHost(Reconciler):
         return unproven(self.run_root, Path(handle.run_dir).name, None, handle.run_dir, handle)
 
     def status(self, handle: UnitRecord) -> str:
-        """``running``, ``stopped``, ``failed``, ``gone`` or ``unknown`` (the seed's meanings).
+        """``running``, ``stopped``, ``failed``, ``gone`` or ``unknown`` (see `hosts.driver.UnitDriver.status`).
 
         ``unknown`` too for a handle this host cannot prove it started: it is never looked at.
         """
         if self._unproven_handle(handle) is not None:
             return "unknown"
-        return self._observe(handle)
-
-    def _observe(self, handle: UnitRecord) -> str:
-        """The status of a proven handle (reaping a child-mode unit that ended)."""
-        if isinstance(self.driver, ChildUnits):
-            self.driver.reap(handle)
-        return self.driver.status(handle)
+        return self.driver.observe(handle)
 
     def stop(self, handle: UnitRecord) -> None:
         """Stop a unit (SIGTERM, wait, SIGKILL / systemctl stop) and record ``UnitStopped``.
@@ -211,4 +198,4 @@ class LocalHost(Reconciler):
             self._release(lease_id)
 
 
-__all__ = ["Action", "LocalHost", "RunDirHeldError", "UnitView", "exit_digest", "result_digest"]
+__all__ = ["MODES", "LocalHost"]

@@ -54,13 +54,12 @@ from lifecycle_es.events import (
     UnitWakeRecorded,
 )
 from lifecycle_es.lifecycle import RunnerLifecycle
-from lifecycle_es.runner import Lease, RunnerState
+from lifecycle_es.state import Lease, RunnerState
 
-from .child import ChildUnits
+from .driver import UnitDriver
 from .park import parking_decision, record_wake
 from .proc import HostError, UnitFileError, UnitStartError
 from .rundir import RunDir
-from .systemd import SystemdUnits
 from .unitfiles import HandleProof, exit_digest, own_run_dir, read_proof, result_digest, unproven, write_proof
 
 
@@ -91,7 +90,7 @@ class Reconciler(abc.ABC):
     """The reconcile pass over the log's units (see the module); the host supplies the side effects."""
 
     lifecycle: RunnerLifecycle
-    driver: ChildUnits | SystemdUnits
+    driver: UnitDriver
     run_root: str
     park_threshold_ms: int
     _now: Callable[[], int]
@@ -113,10 +112,6 @@ class Reconciler(abc.ABC):
     def _start(self, lease_id: str, lease_generation: int, command: list[str], token: str | bytes | None,
                env: Mapping[str, str] | None) -> UnitRecord:
         """Start the lease's unit, recording intent and outcome."""
-
-    @abc.abstractmethod
-    def _observe(self, handle: UnitRecord) -> str:
-        """The status of a proven handle."""
 
     # --- the log's view of units ---------------------------------------------------------------------
 
@@ -182,7 +177,7 @@ class Reconciler(abc.ABC):
             return
         proof = read_proof(own)
         if (proof is not None and proof.lease_id == view.lease_id and proof.lease_generation == view.lease_generation
-                and proof.handle.run_dir == str(own) and self._observe(proof.handle) == "running"):
+                and proof.handle.run_dir == str(own) and self.driver.observe(proof.handle) == "running"):
             self.driver.stop(proof.handle)
         self._record_stop(view, "unproven-handle", actions)
         if lease is not None and lease.generation == view.lease_generation:
@@ -203,7 +198,7 @@ class Reconciler(abc.ABC):
             for view in self.units().values():
                 # An unproven unit is never signalled: the pass below records it and parks its lease.
                 if (view.phase == "running" and view.handle is not None and self._unproven_view(view) is None
-                        and self._observe(view.handle) == "running"):
+                        and self.driver.observe(view.handle) == "running"):
                     self._signal(view, signal.SIGKILL, "drain-deadline", actions)
             state = self.lifecycle.state()
         active = {lease.id: lease for lease in state.leases if lease.status == "active"}
@@ -243,20 +238,13 @@ class Reconciler(abc.ABC):
     def _recover_start(self, view: UnitView, actions: list[Action]) -> None:
         """An intent without an outcome: the host died mid-start. Adopt the unit, or end the lease.
 
-        Child mode finds the unit by the pid file its wrapper wrote in the host's run directory (it must
-        name the intent's command); systemd mode by the proof written before ``systemd-run``, which
-        must name the intent's unit and command.
+        The driver finds the unit in the host's own run directory (`hosts.driver.UnitDriver.find_started`:
+        the pid file a child's wrapper wrote, naming the intent's command; the proof written before
+        ``systemd-run``, naming the intent's unit and command).
         """
         own = own_run_dir(self.run_root, view.lease_id)
-        handle: UnitRecord | None
-        if isinstance(self.driver, ChildUnits):
-            handle = self.driver.find(own, view.command)
-        else:
-            planned = UnitRecord(mode="systemd", host=self.driver.host_name, boot_id=self.driver.boot_id,
-                                 run_dir=str(own), unit=view.unit)
-            proof = HandleProof(lease_id=view.lease_id, lease_generation=view.lease_generation, handle=planned,
-                                command=view.command)
-            handle = planned if read_proof(own) == proof else None
+        handle = self.driver.find_started(own, lease_id=view.lease_id, lease_generation=view.lease_generation,
+                                          unit=view.unit, command=view.command)
         if handle is not None and self.driver.status(handle) == "running":
             self._prove(self._hold(view.lease_id), view.lease_id, view.lease_generation, handle, view.command)
             self.lifecycle.record_host_facts([UnitStarted(lease_id=view.lease_id,
@@ -268,11 +256,11 @@ class Reconciler(abc.ABC):
 
     def _converge_running(self, view: UnitView, handle: UnitRecord, lease: Lease | None, state: RunnerState,
                           now: int, actions: list[Action]) -> None:
-        observed = self._observe(handle)
+        observed = self.driver.observe(handle)
         if observed == "unknown":
             return
         if observed != "running":
-            ended = self.driver.reap(handle) if isinstance(self.driver, ChildUnits) else self.driver.exit(handle)
+            ended = self.driver.exit(handle)
             code, sig = (ended.code, ended.signal) if ended is not None else (None, None)
             if ended is None or observed == "gone":
                 outcome = "lost-poll"
@@ -320,7 +308,7 @@ class Reconciler(abc.ABC):
     def _wake(self, view: UnitView, lease: Lease, actions: list[Action]) -> None:
         # The log says the unit stopped; should it still run, that record was not this host's: stop it
         # before its lease gets another.
-        if view.handle is not None and self._observe(view.handle) == "running":
+        if view.handle is not None and self.driver.observe(view.handle) == "running":
             self.driver.stop(view.handle)
         token = self._tokens.get(view.lease_id)
         if token is None and self._token_source is not None:

@@ -8,7 +8,7 @@ Layout, under the host's run root (created 0700 when missing)::
         unit.log                   0600, the unit's stdout and stderr (child mode; systemd when asked)
         unit.pid                   0600, a child-mode unit's pid, start ticks, boot and host (hosts.child)
         unit.handle                0600, the host's proof of the unit it started (hosts.unitfiles)
-        unit.exit                  a systemd unit's last exit, written by its ExecStopPost (hosts.systemd)
+        unit.exit                  a systemd unit's last exit, written by its ExecStopPost (hosts.systemd_show)
         status.json                the unit's task report (hosts.park), at most 1 MiB
         result                     the unit's result, hashed to settle its lease (hosts.unitfiles), at most 1 GiB
 

@@ -1,18 +1,15 @@
 """Systemd mode: a unit is a transient service made by ``systemd-run``, stopped with its whole cgroup.
 
-The argv is built by a pure function, `systemd_run_argv`, and every command runs through an injectable
-`Exec` (default `run_command`: a minimal environment, a timeout that settles even when a grandchild
-keeps the pipes open), so the rules are testable without systemd and a test can point the commands
-at a private manager (``nsenter``).
+    units = SystemdUnits(scope="user", token_dir="/run/user/1000/lifecycle-es")
+    handle = units.start(command, lease_id="lease-1", run_dir=run_dir, token=secret, resources=limits)
+    units.status(handle)                 # "running", "stopped", "failed", "gone" or "unknown"
+    units.stop(handle)
 
-The unit: ``--service-type=exec`` (systemd-run returns once the command was exec'd, or fails if it
-could not be), ``KillMode=control-group`` (stop kills every process the unit started, ``setsid`` ones
-included), ``Restart=on-failure`` every second but never after the exits no restart can fix
-(``RestartPreventExitStatus=65 70 75 76``) nor after a death by the unit's limits (71 and SIGXCPU: the
-lease parks ``resource-limit``, and the failed unit keeps its Result for the host to read),
-``StartLimitIntervalSec=0`` (without it a unit that crashes fast is refused further restarts after
-five in ten seconds), ``LimitCPU=<cpu>:<cpu + 1>`` (soft and hard, so the limit kills with SIGXCPU:
-see `hosts.proc`), ``LimitCORE=0`` and ``MemoryMax=``.
+The argv is built by a pure function (`hosts.systemd_run.systemd_run_argv`: the unit's properties are
+described there), what systemd says is parsed by pure functions (`hosts.systemd_show`), and every
+command runs through an injectable `Exec` (default `run_command`: a minimal environment, a timeout that
+settles even when a grandchild keeps the pipes open), so the rules are testable without systemd and a
+test can point the commands at a private manager (``nsenter``).
 
 Scope: ``system`` runs the unit through the system manager as ``User=``/``Group=``; as root the user
 must be named (a unit must not run as root by omission), otherwise it defaults to this process's uid
@@ -25,244 +22,52 @@ The token reaches the unit on stdin only: it is written to a root-only file (``<
 file is replaced by an empty one: a restart in place opens it again and reads nothing. Stop removes
 it. In ``user`` scope the unit runs as the token file's owner, who could read it anyway.
 
-Status from ``systemctl show``: `unit_status` maps it as the seed does (loaded and active or
-activating is ``running``, ``inactive`` is ``stopped``, ``failed`` is ``failed``, not loaded is
-``gone``); a ``systemctl show`` that did not run is ``unknown`` (never ``gone``: a manager that cannot
-be reached says nothing about the unit). `unit_exit` reads how the main process last ended,
-``Result=`` included, and whether that was a death by the unit's limits (``Result=oom-kill``, SIGXCPU, or
-the out-of-memory exit of `hosts.proc`).
+Status from ``systemctl show`` (`hosts.systemd_show.unit_status`); a ``systemctl show`` that did not
+run is ``unknown`` (never ``gone``: a manager that cannot be reached says nothing about the unit). A
+unit systemd collected is ``stopped`` when its exit record says how it ended.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
-import re
 import secrets
-import signal
 import socket
 import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
 
-import msgspec
-
-from lifecycle_es.errors import EXIT_DATAERR, EXIT_FENCED, EXIT_HELD, EXIT_SOFTWARE, InvalidInputError
+from lifecycle_es.errors import InvalidInputError
 from lifecycle_es.events import UnitRecord
-from lifecycle_es.files import read_regular
 from lifecycle_es.values import Resources, safe_id, shown
 
+from .driver import DriverOptions
 from .proc import (
-    EXIT_OUT_OF_MEMORY,
-    SAFE_PATH,
     CommandResult,
     Exec,
     HostError,
     UnitStartError,
     UnitStopError,
     current_boot_id,
-    resource_limit_death,
     run_command,
-    safe_command,
-    safe_env,
     signal_name,
     token_bytes,
 )
 from .rundir import EXIT_FILE
+from .systemd_run import SYSTEMD_RUN, UNIT_SAFE, Scope, property_path, systemd_run_argv, unit_name
+from .systemd_show import SHOW_PROPERTIES, UnitExit, parse_show, read_exit_record, unit_exit, unit_status
+from .unitfiles import HandleProof, read_proof
 
-SYSTEMD_RUN = "/usr/bin/systemd-run"
 SYSTEMCTL = "/usr/bin/systemctl"
 DEFAULT_TOKEN_DIR = "/run/lifecycle-es"
-UNIT_SAFE = re.compile(r"[A-Za-z0-9:_.-]{1,200}")
-# Exits a restart cannot fix: data error, software error, fenced, held elsewhere.
-TERMINAL_EXITS = (EXIT_DATAERR, EXIT_SOFTWARE, EXIT_FENCED, EXIT_HELD)
-# Deaths by the unit's limits are not restarted either: the lease parks ``resource-limit`` instead, and
-# the unit stays failed with its Result and status for the host to read (a restart would hide them).
-RESOURCE_LIMIT_EXITS = (str(EXIT_OUT_OF_MEMORY), "SIGXCPU")
-SHOW_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainCode", "MainPID")
+
 # systemctl's exit status for "unit not loaded" (LSB 5): stopping a unit systemd already collected.
 SYSTEMCTL_NOT_LOADED = 5
-# ExecMainCode is the waitid() si_code of the main process: exited, killed, dumped core.
-_CLD_EXITED, _CLD_KILLED, _CLD_DUMPED = 1, 2, 3
-_USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
-_PROPERTY_PATH_RE = re.compile(r"/[^\s\x00-\x1f\x7f]*")
-
-Scope = Literal["system", "user"]
 
 
-def _property_path(value: str | os.PathLike[str], field: str) -> str:
-    """An absolute path fit for a ``-p Name=value`` property: no whitespace or control characters."""
-    text = os.fspath(value)
-    if not isinstance(text, str) or _PROPERTY_PATH_RE.fullmatch(text) is None:
-        raise InvalidInputError(field, f"{field} must be an absolute path without whitespace, got {shown(text)}")
-    return text
-
-
-def _account(value: str, field: str) -> str:
-    """A user or group name (or numeric id) as User=/Group= takes it."""
-    if not isinstance(value, str) or _USER_RE.fullmatch(value) is None:
-        raise InvalidInputError(field, f"{field} is not a user or group name: {shown(value)}")
-    return value
-
-
-def systemd_run_argv(*, unit: str, command: Sequence[str], scope: Scope = "system", user: str | None = None,
-                     group: str | None = None, description: str | None = None, stop_timeout_ms: int = 30_000,
-                     resources: Resources | None = None, token_file: str | os.PathLike[str] | None = None,
-                     work_dir: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
-                     restart: bool = True, log_file: str | os.PathLike[str] | None = None,
-                     exit_file: str | os.PathLike[str] | None = None,
-                     systemd_run: str = SYSTEMD_RUN) -> list[str]:
-    """The ``systemd-run`` argv that starts `command` as transient service `unit` (pure).
-
-    `user`/`group` are required in ``system`` scope and refused in ``user`` scope. `token_file` becomes
-    the unit's stdin; `log_file`, when given, gets its stdout and stderr appended (the default is the
-    manager's journal). `env` is the caller's extra environment; PATH and LANG are set over it.
-    `exit_file`, when given, gets ``$SERVICE_RESULT $EXIT_CODE $EXIT_STATUS`` written by an
-    ``ExecStopPost=+`` line each time the main process ends: a transient unit that exits cleanly is
-    garbage-collected at once, and with it the only other record of how it ended.
-    """
-    if not isinstance(unit, str) or UNIT_SAFE.fullmatch(unit) is None:
-        raise InvalidInputError("unit", f"unit name {shown(unit)} is not safe (1-200 of A-Z a-z 0-9 : _ . -)")
-    argv_command = safe_command(command)
-    if scope not in ("system", "user"):
-        raise InvalidInputError("scope", f"scope must be 'system' or 'user', got {shown(scope)}")
-    if scope == "system" and (user is None or group is None):
-        raise InvalidInputError("user", "system scope needs the user and group the unit runs as "
-                                        "(as root, name an unprivileged user)")
-    if scope == "user" and (user is not None or group is not None):
-        raise InvalidInputError("user", "a user manager runs units as its own user and refuses User=/Group=")
-    if type(stop_timeout_ms) is not int or stop_timeout_ms < 0:
-        raise InvalidInputError("stop_timeout_ms", f"stop_timeout_ms must be an integer >= 0, "
-                                                   f"got {shown(stop_timeout_ms)}")
-    text = description if description is not None else f"lifecycle-es unit {unit}"
-    if not isinstance(text, str) or any(ch in text for ch in "\0\n\r"):
-        raise InvalidInputError("description", "description must be one line of text")
-    argv = [systemd_run] + (["--user"] if scope == "user" else []) + [
-        f"--unit={unit}", f"--description={text}", "--service-type=exec", "--quiet",
-        "-p", "KillMode=control-group",
-        "-p", f"TimeoutStopSec={max(1, math.ceil(stop_timeout_ms / 1000))}s",
-    ]
-    if restart:
-        argv += ["-p", "Restart=on-failure", "-p", "RestartSec=1",
-                 "-p", f"RestartPreventExitStatus={' '.join([*map(str, TERMINAL_EXITS), *RESOURCE_LIMIT_EXITS])}"]
-    argv += ["-p", "StartLimitIntervalSec=0"]
-    if scope == "system":
-        argv += ["-p", f"User={_account(user or '', 'user')}", "-p", f"Group={_account(group or '', 'group')}"]
-    if resources is not None:
-        limits = Resources.coerce(resources)
-        argv += ["-p", f"LimitCPU={limits.cpu_seconds}:{limits.cpu_seconds + 1}", "-p", "LimitCORE=0",
-                 "-p", f"MemoryMax={limits.memory_bytes}"]
-    if token_file is not None:
-        argv += ["-p", f"StandardInput=file:{_property_path(token_file, 'token_file')}"]
-    if log_file is not None:
-        log = _property_path(log_file, "log_file")
-        argv += ["-p", f"StandardOutput=append:{log}", "-p", f"StandardError=append:{log}"]
-    if exit_file is not None:
-        # "$$" is a literal "$" for systemd's own expansion; "+" runs it with full privileges, so the
-        # record lands in the host's run directory whatever user the unit runs as.
-        target = _property_path(exit_file, "exit_file")
-        if any(ch in target for ch in "'\"\\$%`"):
-            raise InvalidInputError("exit_file", f"exit_file must not hold quotes, $, %, ` or \\: {shown(target)}")
-        argv += ["-p", f"ExecStopPost=+/bin/sh -c 'echo $$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS > {target}'"]
-    if work_dir is not None:
-        argv.append(f"--working-directory={_property_path(work_dir, 'work_dir')}")
-    unit_env = {**safe_env(env), "PATH": SAFE_PATH, "LANG": "C.UTF-8"}
-    argv += [f"--setenv={name}={value}" for name, value in unit_env.items()]
-    return [*argv, "--", *argv_command]
-
-
-def unit_name(lease_id: str, *, prefix: str, now_ms: int, salt: int) -> str:
-    """A fresh unit name for a lease: prefix, the lease id (characters a unit name cannot hold become
-    ``_``), then the time in base 36 and two base-36 digits of salt, as the seed names them."""
-    safe_id(lease_id, "lease_id")
-
-    def base36(n: int) -> str:
-        digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-        out = ""
-        while True:
-            n, r = divmod(n, 36)
-            out = digits[r] + out
-            if n == 0:
-                return out
-
-    tail = f"-{base36(now_ms)}{base36(salt % 1296).rjust(2, '0')}"
-    body = re.sub(r"[^A-Za-z0-9:_.-]", "_", lease_id)[: 200 - len(prefix) - len(tail)]
-    name = f"{prefix}{body}{tail}"
-    if UNIT_SAFE.fullmatch(name) is None:
-        raise InvalidInputError("unit_prefix", f"unit name {shown(name)} is not safe")
-    return name
-
-
-def parse_show(text: str) -> dict[str, str]:
-    """``systemctl show`` output (``Name=value`` lines) as a dict; lines without ``=`` are skipped."""
-    out = {}
-    for line in text.split("\n"):
-        i = line.find("=")
-        if i > 0:
-            out[line[:i]] = line[i + 1:]
-    return out
-
-
-def unit_status(show: Mapping[str, str]) -> str:
-    """A unit's state as a host status: ``running``, ``stopped``, ``failed``, ``gone`` or ``unknown``."""
-    if show.get("LoadState") in (None, "not-found"):
-        return "gone"
-    active = show.get("ActiveState")
-    if active in ("active", "activating", "deactivating", "reloading", "refreshing"):
-        return "running"
-    if active == "failed":
-        return "failed"
-    if active == "inactive":
-        return "stopped"
-    return "unknown"
-
-
-class UnitExit(msgspec.Struct, frozen=True, kw_only=True):
-    """How a unit's main process last ended, from ``systemctl show``."""
-
-    result: str
-    code: int | None
-    signal: str | None
-    resource_limit: bool
-
-
-def unit_exit(show: Mapping[str, str]) -> UnitExit | None:
-    """The last exit of the unit's main process, or None when it has not exited (or is unknown)."""
-    try:
-        how = int(show.get("ExecMainCode", "0"))
-        status = int(show.get("ExecMainStatus", "0"))
-    except ValueError:
-        return None
-    if how not in (_CLD_EXITED, _CLD_KILLED, _CLD_DUMPED):
-        return None
-    code = status if how == _CLD_EXITED else None
-    signum = status if how != _CLD_EXITED else None
-    result = show.get("Result", "")
-    return UnitExit(result=result, code=code, signal=signal_name(signum) if signum is not None else None,
-                    resource_limit=result == "oom-kill" or resource_limit_death(code=code, signum=signum))
-
-
-def read_exit_record(path: str | os.PathLike[str]) -> UnitExit | None:
-    """How a unit ended, from the record its ``ExecStopPost`` wrote (see `systemd_run_argv`), or None."""
-    try:
-        fields = read_regular(path, limit=256, what=EXIT_FILE).decode("ascii", "replace").split()
-    except OSError:  # missing, or a link, FIFO or large file in its place: no record of ours
-        return None
-    if len(fields) != 3 or fields[1] not in ("exited", "killed", "dumped"):
-        return None
-    result, how, status = fields
-    if how == "exited":
-        if not status.isdigit():
-            return None
-        code, signame = int(status), None
-    else:
-        code, signame = None, status if status.startswith("SIG") else f"SIG{status}"
-    signum = getattr(signal, signame, None) if signame else None
-    return UnitExit(result=result, code=code, signal=signame,
-                    resource_limit=result == "oom-kill" or resource_limit_death(code=code, signum=signum))
+def _epoch_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class SystemdUnits:
@@ -273,11 +78,13 @@ class SystemdUnits:
     named: refused with InvalidInputError otherwise.
     """
 
+    mode = "systemd"  # as ``UnitStarting`` and every handle of this driver record it
+
     def __init__(self, *, scope: Scope = "system", user: str | None = None, group: str | None = None,
                  exec: Exec = run_command, token_dir: str | os.PathLike[str] = DEFAULT_TOKEN_DIR,
                  host_name: str | None = None, boot_id: str | None = None, stop_timeout_ms: int = 30_000,
                  unit_prefix: str = "les-", restart: bool = True,
-                 now: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+                 now: Callable[[], int] = _epoch_ms,
                  systemd_run: str = SYSTEMD_RUN, systemctl: str = SYSTEMCTL) -> None:
         if scope == "system" and user is None:
             if os.geteuid() == 0:
@@ -288,12 +95,20 @@ class SystemdUnits:
         self.scope: Scope = scope
         self.user, self.group = user, group
         self.exec = exec
-        self.token_dir = Path(_property_path(token_dir, "token_dir"))
+        self.token_dir = Path(property_path(token_dir, "token_dir"))
         self.host_name = host_name if host_name is not None else socket.gethostname()
         self.boot_id = boot_id if boot_id is not None else current_boot_id()
         self.stop_timeout_ms = stop_timeout_ms
         self.unit_prefix, self.restart, self.now = unit_prefix, restart, now
         self.systemd_run, self.systemctl = systemd_run, systemctl
+
+    @classmethod
+    def for_host(cls, options: DriverOptions) -> SystemdUnits:
+        """The driver `hosts.local.LocalHost` runs in systemd mode, from its options."""
+        return cls(scope=options.scope, user=options.user, group=options.group,
+                   exec=options.exec if options.exec is not None else run_command,
+                   token_dir=options.token_dir if options.token_dir is not None else DEFAULT_TOKEN_DIR,
+                   stop_timeout_ms=options.stop_timeout_ms, now=options.now if options.now is not None else _epoch_ms)
 
     def __repr__(self) -> str:
         return f"<SystemdUnits scope={self.scope} host={self.host_name!r} user={self.user!r}>"
@@ -357,8 +172,11 @@ class SystemdUnits:
                     self._empty_token(path)
                 else:
                     path.unlink(missing_ok=True)
-        return UnitRecord(mode="systemd", host=self.host_name, boot_id=self.boot_id, run_dir=str(run_path),
-                          unit=unit)
+        return self._handle(run_path, unit)
+
+    def _handle(self, run_dir: str | os.PathLike[str], unit: str | None) -> UnitRecord:
+        """The handle of `unit` started in `run_dir` by this host, this boot."""
+        return UnitRecord(mode="systemd", host=self.host_name, boot_id=self.boot_id, run_dir=str(run_dir), unit=unit)
 
     def _write_token(self, path: Path, data: bytes) -> None:
         """Write the token to a fresh 0600 file in the 0700 token directory (made when missing)."""
@@ -449,3 +267,33 @@ class SystemdUnits:
         self._ctl("reset-failed", f"{unit}.service")
         self.token_file(unit).unlink(missing_ok=True)
 
+    # --- as the host drives it (hosts.driver.UnitDriver) ---------------------------------------------
+
+    def plan(self, lease_id: str, run_dir: Path) -> UnitRecord:
+        """The handle of the lease's next unit, its name fresh (`new_unit_name`): known before the start."""
+        return self._handle(run_dir, self.new_unit_name(lease_id))
+
+    def start_unit(self, command: Sequence[str], *, lease_id: str, run_dir: Path, token: str | bytes | None,
+                   resources: Resources, env: Mapping[str, str], planned: UnitRecord | None) -> UnitRecord:
+        """`start` under the unit name `plan` chose (a fresh one without a plan)."""
+        return self.start(command, lease_id=lease_id, run_dir=run_dir, token=token, resources=resources, env=env,
+                          unit=planned.unit if planned is not None else None)
+
+    def observe(self, handle: UnitRecord) -> str:
+        """`status`: systemd keeps its units' ends, so there is nothing to collect first."""
+        return self.status(handle)
+
+    def find_started(self, run_dir: Path, *, lease_id: str, lease_generation: int, unit: str | None,
+                     command: tuple[str, ...]) -> UnitRecord | None:
+        """The intent's unit, when the proof written before ``systemd-run`` names it, its lease and command."""
+        planned = self._handle(run_dir, unit)
+        proof = HandleProof(lease_id=lease_id, lease_generation=lease_generation, handle=planned, command=command)
+        return planned if read_proof(run_dir) == proof else None
+
+    def discard(self, handle: UnitRecord) -> None:
+        """`stop`: systemd collects the unit's end itself."""
+        self.stop(handle)
+
+
+
+__all__ = ["DEFAULT_TOKEN_DIR", "SYSTEMCTL", "SYSTEMCTL_NOT_LOADED", "SystemdUnits"]

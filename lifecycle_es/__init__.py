@@ -45,8 +45,8 @@ from .receipts import (
     PostSessionHook,
     RunnerSnapshot,
 )
-from .runner import Drain, Lease, ProxyRef, RunnerCapacityError, RunnerState
 from .seal import Seal
+from .state import Drain, Lease, ProxyRef, RunnerCapacityError, RunnerState
 from .store import EventStore
 from .values import ProxyAuthority, Resources
 

@@ -13,8 +13,7 @@ import msgspec
 from .log import RecordedEvent
 from .read_model import Replayed, compare_read_models
 from .replay import proven_state
-from .runner import RunnerState
-from .state import decode_state, encode_state
+from .state import RunnerState, decode_state, encode_state
 from .store import EventStore
 
 

@@ -34,27 +34,6 @@ _HEADS: dict[tuple[int, int, int], struct.Struct] = {}
 _MAX_HEADS = 1024
 
 
-def frame(seq: int, stream: str, version: int, type_: str, at: str, body: bytes) -> bytes:
-    """The length-prefixed framing of one event's fields (everything the hash covers but ``prev``)."""
-    stream_b = stream.encode()
-    type_b = type_.encode()
-    at_b = at.encode()
-    return b"".join(
-        (
-            _U64.pack(seq),
-            _U64.pack(len(stream_b)),
-            stream_b,
-            _U64.pack(version),
-            _U64.pack(len(type_b)),
-            type_b,
-            _U64.pack(len(at_b)),
-            at_b,
-            _U64.pack(len(body)),
-            body,
-        )
-    )
-
-
 def _hasher(key: bytes | None) -> blake3.blake3:
     return blake3.blake3(key=key) if key is not None else blake3.blake3()
 
@@ -167,9 +146,9 @@ def snapshot_tag(store_id: bytes, stream: str, version: int, seq: int, event_has
     """The tag of a snapshot: a MAC under `key` (keyed), a hash (unkeyed), over all it claims.
 
     ``blake3(SNAPSHOT_DOMAIN || store_id || stream || version || seq || event_hash || state)``, each byte
-    string behind its 8-byte length and each integer as 8 bytes (as `frame` does), so no two snapshots
-    frame alike: the store id binds it to its store, the rest to its stream, its place in the log and
-    its state's bytes. Fields no frame can hold (a row edited outside the store) raise ValueError.
+    string behind its 8-byte length and each integer as 8 bytes (as an event's fields are), so no two
+    snapshots frame alike: the store id binds it to its store, the rest to its stream, its place in the
+    log and its state's bytes. Fields no frame can hold (a row edited outside the store) raise ValueError.
     """
     try:
         stream_b = stream.encode()

@@ -61,12 +61,12 @@ from .runner import (
     MIN_DRAIN_MS,
     MIN_TTL_MS,
     PARK_REASONS,
-    RunnerState,
     apply,
     check_fresh,
     check_min_revision,
     hook_receipt_material,
 )
+from .state import RunnerState
 from .store import EventStore, _WriteTransaction
 from .values import MAX_PATH_CHARS, ProxyAuthority, Resources, safe_digest, safe_id, safe_int, safe_path, safe_target
 
@@ -252,10 +252,10 @@ class RunnerLifecycle:
                 recorded = tx.append_unchecked(self.runner_id, [event], expected_version=0, at=at)  # applied just above
                 current = Folded(state, recorded[-1].version, recorded[-1].seq)
         self._folded = current
-        state = current.state
-        assert state is not None
-        self._check_identity(state)
-        return project(state)
+        made = current.state
+        assert made is not None
+        self._check_identity(made)
+        return project(made)
 
     def snapshot(self) -> RunnerSnapshot:
         """The runner's current snapshot (the seed's ``project()``), caught up with the log."""

@@ -13,8 +13,7 @@ from typing import Any
 import msgspec
 
 from .canonical import receipt_digest
-from .runner import Drain, Lease, ProxyRef, RunnerState
-from .state import lease_counts
+from .state import Drain, Lease, ProxyRef, RunnerState, lease_counts
 from .values import ProxyAuthority, Resources
 
 LEASE_DOMAIN = "chainlesschain.execution-location.runner-lease.v1\x00"

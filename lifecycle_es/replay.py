@@ -26,7 +26,8 @@ from .draft import RunnerDraft, is_keyed, thaw
 from .errors import IntegrityError, InvalidInputError, LifecycleError, StoreError, StoreKeyError
 from .events import Event, decode_recorded
 from .log import RecordedEvent
-from .runner import RunnerState, decode_state, encode_state, start, step
+from .runner import start, step
+from .state import RunnerState, decode_state, encode_state
 from .store import EventStore
 
 

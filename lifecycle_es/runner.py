@@ -43,15 +43,7 @@ from .events import (
     RunnerInitialized,
     RunnerParked,
 )
-
-# The state's types and codec live in state.py; they are imported from here as they always were.
-from .state import Drain as Drain
-from .state import Lease as Lease
-from .state import ProxyRef as ProxyRef
-from .state import RunnerCapacityError as RunnerCapacityError
-from .state import RunnerState as RunnerState
-from .state import decode_state as decode_state
-from .state import encode_state as encode_state
+from .state import Drain, Lease, ProxyRef, RunnerState
 from .units import UNIT_HANDLERS, forget_start
 from .values import DIGEST_RE, ID_RE, ProxyAuthority, Resources, safe_digest, safe_id, safe_path, safe_target, shown
 
@@ -183,7 +175,7 @@ def _initialized_again(draft: RunnerDraft, event: RunnerInitialized, at_ms: int,
 
 
 def _bound(draft: RunnerDraft, proxy: ProxyAuthority) -> ProxyRef:
-    current = draft.proxy_authority
+    current: ProxyRef = draft.proxy_authority
     if current.id == proxy.id and current.revision == proxy.revision:
         return current  # the same value: spare making it again
     return ProxyRef(id=proxy.id, revision=proxy.revision)

@@ -110,7 +110,8 @@ def _command(command: object) -> None:
 
 
 def _intent(draft: RunnerDraft, lease_id: str) -> UnitIntent | None:
-    for intent in draft.units_starting:
+    intents: tuple[UnitIntent, ...] = draft.units_starting
+    for intent in intents:
         if intent.lease_id == lease_id:
             return intent
     return None

@@ -21,8 +21,8 @@ from typing import NamedTuple
 from .backend import Row
 from .errors import IntegrityError, LifecycleError
 from .replay import Fold
-from .runner import RunnerState
 from .sqlite import SqliteBackend
+from .state import RunnerState
 from .store import EventStore
 from .verify import ChainCheck
 from .workers import report_progress

@@ -13,8 +13,8 @@ import msgspec
 from lifecycle_es.log import RecordedEvent
 from lifecycle_es.receipts import RunnerSnapshot, project
 from lifecycle_es.replay import fold, fold_log, load
-from lifecycle_es.runner import LEASE_STATUSES, STATES, RunnerState
-from lifecycle_es.state import lease_counts
+from lifecycle_es.runner import LEASE_STATUSES, STATES
+from lifecycle_es.state import RunnerState, lease_counts
 from lifecycle_es.store import EventStore
 from lifecycle_es.values import safe_id, safe_int
 

@@ -20,7 +20,7 @@ from typing import Any
 from lifecycle_es.log import RecordedEvent
 from lifecycle_es.read_model import LEASE_COLUMNS, RUNNER_COLUMNS, lease_row, runner_row
 from lifecycle_es.replay import Folded, fold, load
-from lifecycle_es.runner import RunnerState
+from lifecycle_es.state import RunnerState
 from lifecycle_es.store import EventStore
 
 __all__ = ["LEASE_COLUMNS", "RUNNER_COLUMNS", "ReadModels", "attach", "read_lease_rows", "read_runner_rows",

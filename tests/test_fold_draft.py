@@ -24,8 +24,8 @@ from lifecycle_es.events import Event, LeaseAcquired, LeaseSettled, RunnerInitia
 from lifecycle_es.log import RecordedEvent
 from lifecycle_es.receipts import project
 from lifecycle_es.replay import EMPTY, Fold, Folded
-from lifecycle_es.runner import RunnerState, apply, decode_state, encode_state
-from lifecycle_es.state import _LeaseIndex, index_of
+from lifecycle_es.runner import apply
+from lifecycle_es.state import RunnerState, _LeaseIndex, decode_state, encode_state, index_of
 from lifecycle_es.testing.clock import START_MS
 from lifecycle_es.testing.logs import event_logs, invalid_event_logs
 from lifecycle_es.values import ProxyAuthority, Resources

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 from waiting import returns_within, wait_for
 
-import hosts.child as child_module
+import hosts.child_spawn as spawn_module
 from hosts.child import ChildUnits
 from hosts.proc import EXIT_OUT_OF_MEMORY, SAFE_PATH, UnitStartError, pid_alive, proc_stat
 from hosts.rundir import RunDir, open_run_dir
@@ -287,15 +287,15 @@ def test_a_command_that_cannot_run_fails_start(units: ChildUnits, run: RunDir) -
 
 
 def test_a_token_nobody_reads_is_given_up_on_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(child_module, "_TOKEN_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(spawn_module, "_TOKEN_TIMEOUT_S", 0.05)
     r, w = os.pipe()
     try:
         os.set_blocking(w, False)
         with contextlib.suppress(BlockingIOError):
             while True:
                 os.write(w, b"x" * 4096)  # fill the pipe: as a unit that never reads would leave it
-        assert not ChildUnits._hand_token(w, b"token")
-        assert ChildUnits._hand_token(w, b"")  # nothing to hand: done at once
+        assert not spawn_module.hand_token(w, b"token")
+        assert spawn_module.hand_token(w, b"")  # nothing to hand: done at once
     finally:
         os.close(r)
         os.close(w)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from waiting import returns_within
 
-from hosts.systemd import read_exit_record, systemd_run_argv
+from hosts.systemd_run import systemd_run_argv
+from hosts.systemd_show import read_exit_record
 from lifecycle_es import InvalidInputError
 
 

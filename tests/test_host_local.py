@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -231,6 +232,24 @@ def test_a_failed_start_parks_the_lease_checkout_failure(env, clock) -> None:
         host.start(receipt, command=["/nonexistent/agent"], token=TOKEN)
     parked = [r.event for r in store.read() if r.type == "LeaseParked"]
     assert parked and parked[-1].reason == "checkout-failure"
+
+
+def test_a_unit_whose_proof_cannot_be_written_is_stopped_reaped_and_its_lease_parked(env, clock) -> None:
+    from hosts.proc import UnitStartError, proc_stat
+
+    store, lifecycle, host = env
+    receipt = lease(lifecycle, clock, "s1")
+    run_dir = Path(lifecycle.base_dir) / receipt.lease.id
+    (run_dir / "unit.handle").mkdir(parents=True)  # a non-empty directory: the proof cannot be renamed over it
+    (run_dir / "unit.handle" / "x").touch()
+    with pytest.raises(UnitStartError, match="proof"):
+        host.start(receipt, command=[sys.executable, "-c", POLITE], token=TOKEN)
+    started = json.loads((run_dir / "unit.pid").read_text())  # the unit ran before its proof failed
+    stat = proc_stat(started["pid"])
+    assert stat is None or stat.start_ticks != started["start_ticks"]  # stopped and reaped: no process, no zombie
+    assert "UnitStarted" not in types(store)
+    assert [r.event.outcome for r in store.read() if r.type == "UnitExited"] == ["checkout-failure"]
+    assert lease_status(lifecycle, receipt.lease.id)[0] == "parked"
 
 
 def test_a_unit_that_only_waits_is_parked_and_woken_at_its_wake_time(env, clock) -> None:

@@ -19,7 +19,7 @@ from systemd_manager import SystemdUserManager, systemd_manager  # noqa: F401  (
 from waiting import wait_for
 
 from hosts.local import LocalHost
-from hosts.systemd import parse_show
+from hosts.systemd_show import parse_show
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import UnitRecord, UnitStarted, UnitStarting
@@ -104,6 +104,26 @@ def test_the_unit_of_an_ended_lease_is_stopped_with_its_control_group(runner) ->
     assert not host.driver.token_file(handle.unit).exists()
 
 
+def test_a_systemd_unit_whose_proof_cannot_be_written_is_never_started(
+        runner, systemd_manager: SystemdUserManager) -> None:  # noqa: F811
+    from hosts.proc import UnitStartError
+
+    store, lifecycle, host = runner
+    receipt = lifecycle.acquire_lease(session_id="s1", expected_generation=1, proxy_authority=proxy())
+    run_dir = Path(lifecycle.base_dir) / receipt.lease.id
+    (run_dir / "unit.handle").mkdir(parents=True)  # a non-empty directory: the proof cannot be renamed over it
+    (run_dir / "unit.handle" / "x").touch()
+    with pytest.raises(UnitStartError, match="proof"):
+        host.start(receipt, command=[sys.executable, "-c", POLITE], token=TOKEN)
+    unit = next(r.event.unit for r in store.read() if r.type == "UnitStarting")
+    assert unit  # the name was chosen and recorded first; the proof of it comes before systemd-run
+    shown = systemd_manager.exec(["/usr/bin/systemctl", "--user", "show", f"{unit}.service", "--property=LoadState"])
+    assert parse_show(shown.stdout).get("LoadState") == "not-found"
+    assert not host.driver.token_file(unit).exists()  # type: ignore[attr-defined]
+    assert "UnitStarted" not in [r.type for r in store.read()]
+    assert [r.event.reason for r in store.read() if r.type == "LeaseParked"] == ["checkout-failure"]
+
+
 @pytest.fixture
 def bystander_unit(systemd_manager: SystemdUserManager) -> Iterator[str]:  # noqa: F811
     """A service of the same manager that no host started (a user's own unit)."""
@@ -173,8 +193,8 @@ def test_a_systemd_unit_started_by_a_host_that_died_before_recording_it_is_adopt
         host.start(receipt, command=[sys.executable, "-c", POLITE], token=TOKEN)
     lifecycle.record_host_facts = record  # type: ignore[method-assign]
     host.close()
-    again = LocalHost(lifecycle, mode="systemd", scope="user", exec=host.driver.exec,  # type: ignore[union-attr]
-                      token_dir=str(host.driver.token_dir), stop_timeout_ms=5_000)  # type: ignore[union-attr]
+    again = LocalHost(lifecycle, mode="systemd", scope="user", exec=host.driver.exec,  # type: ignore[attr-defined]
+                      token_dir=str(host.driver.token_dir), stop_timeout_ms=5_000)  # type: ignore[attr-defined]
     assert [a.kind for a in again.reconcile()] == ["adopted"]
     handle = again.units()[receipt.lease.id].handle
     assert handle is not None and again.status(handle) == "running"

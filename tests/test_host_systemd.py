@@ -20,14 +20,9 @@ from waiting import wait_for
 
 from hosts.proc import SAFE_PATH, CommandResult, UnitStartError, UnitStopError, pid_alive, proc_stat
 from hosts.rundir import RunDir, open_run_dir
-from hosts.systemd import (
-    SystemdUnits,
-    parse_show,
-    systemd_run_argv,
-    unit_exit,
-    unit_name,
-    unit_status,
-)
+from hosts.systemd import SystemdUnits
+from hosts.systemd_run import systemd_run_argv, unit_name
+from hosts.systemd_show import parse_show, unit_exit, unit_status
 from lifecycle_es.errors import InvalidInputError
 from lifecycle_es.events import UnitRecord
 from lifecycle_es.values import GIB, Resources

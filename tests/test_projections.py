@@ -24,7 +24,8 @@ from lifecycle_es.caches import SnapshotCheck, check_read_models
 from lifecycle_es.errors import StaleFenceError, StoreKeyError
 from lifecycle_es.receipts import project
 from lifecycle_es.replay import TAG_BYTES, load, snapshot_blob, snapshot_of
-from lifecycle_es.runner import apply, encode_state
+from lifecycle_es.runner import apply
+from lifecycle_es.state import encode_state
 from lifecycle_es.testing import FakeClock
 from projections import (
     attach,

@@ -21,7 +21,8 @@ from lifecycle_es import EventStore, IntegrityError, LifecycleError, RunnerCapac
 from lifecycle_es.canonical import iso_ms, parse_iso_ms
 from lifecycle_es.events import RunnerParked
 from lifecycle_es.preflight import preflight_writable_directory
-from lifecycle_es.runner import RunnerState, apply, check_fresh
+from lifecycle_es.runner import apply, check_fresh
+from lifecycle_es.state import RunnerState
 from lifecycle_es.testing import (
     RUNNER_DEFAULTS,
     START_MS,

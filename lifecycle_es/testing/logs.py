@@ -54,7 +54,7 @@ def event_logs(draw: Any, *, max_commands: int = 30, runner_id: str | None = Non
     return with_unit_facts(draw, model.log, base_dir) if unit_facts else model.log
 
 
-_GENERATION_FIELDS = {
+_GENERATION_FIELDS: dict[type, str] = {
     LeaseAcquired: "lease_generation", LeaseSettled: "lease_generation", LeaseParked: "lease_generation",
     HookAuthorized: "runner_generation", ProxyRotated: "generation", DrainRequested: "generation",
     RunnerParked: "generation", ReclaimBegun: "generation", ReclaimCompleted: "generation",
@@ -70,7 +70,7 @@ def _proxy_before(log: list[tuple[int, Event]], index: int) -> tuple[str, int]:
 
 
 @st.composite
-def invalid_event_logs(draw: Any, **options: Any) -> tuple[list[tuple[int, Event]], int]:
+def invalid_event_logs(draw: Any, /, **options: Any) -> tuple[list[tuple[int, Event]], int]:
     """An `event_logs` log broken by one mutation, and the index of the first event that breaks a rule.
 
     Mutations (each guaranteed to break a rule at the index returned, whatever came before):
@@ -121,15 +121,15 @@ def invalid_event_logs(draw: Any, **options: Any) -> tuple[list[tuple[int, Event
         index = draw(st.sampled_from(parks)) + 1
         at_ms, parked = log[index - 1]
         proxy_id, revision = _proxy_before(log, index)
-        event: Event = LeaseAcquired(
+        inserted: Event = LeaseAcquired(
             lease_id="lease-while-parked", session_id="session-while-parked",
-            lease_generation=parked.generation, issued_at=iso_ms(at_ms),  # type: ignore[attr-defined]
+            lease_generation=parked.generation, issued_at=iso_ms(at_ms),
             expires_at=iso_ms(at_ms + 60_000),
             proxy_authority=ProxyAuthority(id=proxy_id, revision=revision, issued_at=iso_ms(at_ms),
                                            expires_at=iso_ms(at_ms + 60_000)))
     else:
         index = draw(st.integers(1, len(log)))
         at_ms = log[index - 1][0]
-        event = log[0][1] if kind == "initialized-again" else LeaseSettled(
+        inserted = log[0][1] if kind == "initialized-again" else LeaseSettled(
             lease_id="lease-never-acquired", lease_generation=1, result_digest="sha256:" + "0" * 64)
-    return [*log[:index], (at_ms, event), *log[index:]], index
+    return [*log[:index], (at_ms, inserted), *log[index:]], index

@@ -23,7 +23,7 @@ from ..events import (
     RunnerInitialized,
 )
 from ..receipts import DrainParkSnapshot, HookReceipt, LeaseParkSnapshot, LeaseReceipt, PollResult, RunnerSnapshot
-from ..runner import ProxyRef
+from ..state import ProxyRef
 from ..values import ProxyAuthority, Resources
 from .model_state import _ModelState, _proxy_struct
 from .seed import (

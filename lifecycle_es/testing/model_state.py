@@ -17,7 +17,7 @@ from ..errors import InvalidInputError, LifecycleError
 from ..events import Event, RunnerParked
 from ..lifecycle import UnknownRunnerError
 from ..receipts import BaseDirClaim, LeaseReceipt, PostSessionHook, RunnerSnapshot
-from ..runner import Drain, Lease, ProxyRef, RunnerCapacityError, RunnerState
+from ..state import Drain, Lease, ProxyRef, RunnerCapacityError, RunnerState
 from ..values import ProxyAuthority, Resources
 from .clock import SequentialIds
 from .seed import (
