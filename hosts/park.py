@@ -1,4 +1,4 @@
-"""Parking and drain decisions from a unit's own report of its tasks (seed 004's park, adapted).
+"""Parking and drain decisions from a unit's own report of its tasks (the original host driver's park, adapted).
 
 A unit reports its tasks through ``status.json`` in its run directory. The format (UTF-8 JSON)::
 
@@ -33,7 +33,7 @@ file is `UnitFileError`: the unit broke the host's rules, and the host ends it a
 (`hosts.local`).
 
 The decisions are pure (no clock, no I/O): `busy_state` for parking, `drain_state` for drain. Around
-them, as the seed's park module has them: `parking_decision` and `watch_parking` (when a unit may be
+them, as the original's park module has them: `parking_decision` and `watch_parking` (when a unit may be
 parked), `drain` (wait until no work needs the unit, or the deadline) and `record_wake` (the wake
 time written to the log before the unit is stopped).
 """

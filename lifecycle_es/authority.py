@@ -2,7 +2,7 @@
 
 `lifecycle_profile_from_lease(receipt)` cuts the profile a session carries from its lease receipt.
 `assert_lease_authority(profile, target)` opens the authority file the profile names, read-only,
-rebuilds the runner from its events and checks that the profile still holds: the seed's
+rebuilds the runner from its events and checks that the profile still holds: the original's
 ``assertExecutionLocationRunnerLeaseAuthority``.
 """
 

@@ -105,7 +105,7 @@ def _refuse_floats_in(values: tuple[Any, ...], float_free: frozenset[type]) -> N
 
 
 def receipt_digest(domain: str, material: Any) -> str:
-    """A receipt digest as the seed computes it: ``sha256:`` over a domain string and canonical JSON.
+    """A receipt digest as the original computes it: ``sha256:`` over a domain string and canonical JSON.
 
     The domain string ends in NUL, so no receipt of one kind can be replayed as another kind.
     """

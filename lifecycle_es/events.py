@@ -108,7 +108,7 @@ class LeaseSettled(Event, frozen=True, tag="LeaseSettled"):
 
 
 class LeaseParked(Event, frozen=True, tag="LeaseParked"):
-    """A lease ended without finishing its work, for one of the seed's three reasons."""
+    """A lease ended without finishing its work, for one of the original's three reasons."""
 
     lease_id: str
     lease_generation: int

@@ -1,4 +1,4 @@
-"""`RunnerLifecycle`: the seed's runner lifecycle, with every transition an event in the log.
+"""`RunnerLifecycle`: the original's runner lifecycle, with every transition an event in the log.
 
     lifecycle = RunnerLifecycle(store, runner_id="runner-1", target="local", base_dir="/srv/runner",
                                 resources=Resources(cpu_seconds=600, memory_bytes=2 << 30),
@@ -7,9 +7,9 @@
     receipt = lifecycle.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy)
 
 A command validates its input (InvalidInputError, nothing appended), runs the base directory
-preflight where the seed does, then decides under the store's write lock: it catches the runner's
+preflight where the original does, then decides under the store's write lock: it catches the runner's
 state up with the log (another process may have moved it), builds the events, applies them through
-the rules in ``runner.py`` (which raise the seed's error kinds) and appends them with the stream's
+the rules in ``runner.py`` (which raise the original's error kinds) and appends them with the stream's
 version as the expected version, all in one transaction. The state stays in memory between commands,
 so a command costs the same however long the log is. Read-only commands (`snapshot`, `assert_poll`,
 `refresh_lease_authority`) append nothing.
@@ -64,6 +64,8 @@ from .runner import (
     apply,
     check_fresh,
     check_min_revision,
+    check_poll,
+    check_refresh,
     hook_receipt_material,
 )
 from .state import RunnerState
@@ -167,9 +169,9 @@ class RunnerLifecycle:
         return state
 
     def _check_identity(self, state: RunnerState) -> None:
-        """LifecycleError unless the recorded runner is this handle's (the seed's ``validateState(draft, this)``).
+        """LifecycleError unless the recorded runner is this handle's (the original's ``validateState(draft, this)``).
 
-        The seed checks it on every read and mutation, not only in initialize: a handle configured with
+        The original checks it on every read and mutation, not only in initialize: a handle configured with
         another target or base dir must not grant leases whose receipts name the recorded one.
         """
         if state.runner_id != self.runner_id or state.target != self.target or state.base_dir != self.base_dir:
@@ -258,7 +260,7 @@ class RunnerLifecycle:
         return project(made)
 
     def snapshot(self) -> RunnerSnapshot:
-        """The runner's current snapshot (the seed's ``project()``), caught up with the log."""
+        """The runner's current snapshot (the original's ``project()``), caught up with the log."""
         return project(self._state())
 
     def state(self) -> RunnerState:
@@ -277,7 +279,7 @@ class RunnerLifecycle:
         session_id = safe_id(session_id, "session_id")
         expected_generation = _generation(expected_generation, "expected_generation")
         proxy = ProxyAuthority.coerce(proxy_authority)
-        # The seed validates the proxy authority, freshness included, before the ttl and every fence:
+        # The original validates the proxy authority, freshness included, before the ttl and every fence:
         # a stale authority is an AuthorityError even when the generation is stale too.
         check_fresh(proxy, self._clock())
         ttl_ms = safe_int(ttl_ms, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)
@@ -303,13 +305,9 @@ class RunnerLifecycle:
         proxy_authority_revision = safe_int(proxy_authority_revision, "proxy_authority_revision")
         state = self._state()
         now_ms = self._clock()
-        lease = state.lease(lease_id)
-        if (lease is None or lease.status != "active" or lease.generation != lease_generation
-                or parse_iso_ms(lease.expires_at) <= now_ms or state.proxy_authority.id != proxy_authority_id
-                or state.proxy_authority.revision != proxy_authority_revision
-                or state.state in ("parked", "reclaiming")):
-            raise StaleFenceError(f"execution location poll lease is stale or parked (lease_id {lease_id}, "
-                                  f"runner {state.state} at generation {state.generation})")
+        lease = check_poll(state, lease_id=lease_id, lease_generation=lease_generation,
+                           proxy_authority_id=proxy_authority_id, proxy_authority_revision=proxy_authority_revision,
+                           now_ms=now_ms)
         return PollResult(runner_id=state.runner_id, runner_generation=state.generation, lease_id=lease.id,
                           lease_generation=lease.generation, state=state.state, proxy_authority=state.proxy_authority)
 
@@ -336,13 +334,8 @@ class RunnerLifecycle:
         now_ms = self._clock()
         check_min_revision(proxy, state.proxy_authority.revision)
         check_fresh(proxy, now_ms)
-        lease = state.lease(lease_id)
-        if (state.state != "accepting" or state.generation != expected_generation
-                or state.proxy_authority.id != proxy.id or state.proxy_authority.revision != proxy.revision
-                or lease is None or lease.status != "active" or lease.generation != lease_generation
-                or parse_iso_ms(lease.expires_at) <= now_ms):
-            raise StaleFenceError(f"execution location lease refresh fence is stale (lease_id {lease_id}, runner "
-                                  f"{state.state} at generation {state.generation})")
+        lease = check_refresh(state, lease_id=lease_id, lease_generation=lease_generation,
+                              expected_generation=expected_generation, proxy=proxy, now_ms=now_ms)
         self._preflight_base_dir()
         return lease_receipt(state=state, authority_file=self.store.path, runner_generation=state.generation,
                              lease=lease, proxy=proxy)
@@ -351,7 +344,7 @@ class RunnerLifecycle:
                       signal: str = "SIGTERM") -> RunnerSnapshot:
         """Stop accepting and ask units to finish by a deadline; generation +1.
 
-        With no active lease the runner parks at once (an improvement on the seed, where such a
+        With no active lease the runner parks at once (an improvement on the original, where such a
         drain waited for a deadline with nothing to wait for).
         """
         if signal != "SIGTERM":

@@ -1,6 +1,6 @@
 """The base directory preflight, run before a lease is granted or refreshed.
 
-As the seed's ``preflightWritableDirectory``: the base directory must be a real directory (not a
+As the original's ``preflightWritableDirectory``: the base directory must be a real directory (not a
 symbolic link), and a probe file created there with O_EXCL, written, fsynced and removed. A lease is
 never granted on a directory its session could not write to.
 """

@@ -1,7 +1,7 @@
 """What the lifecycle's commands return: frozen snapshots, receipts and authorities.
 
-Field names are the snake_case of the seed's. Receipt digests are computed over the seed's camelCase
-material with the seed's domain strings, so a receipt from this library digests the same as one
+Field names are the snake_case of the original's. Receipt digests are computed over the original's camelCase
+material with the original's domain strings, so a receipt from this library digests the same as one
 from the JavaScript original (a host being ported can compare them).
 """
 
@@ -21,7 +21,7 @@ BASE_DIR_DOMAIN = "chainlesschain.execution-location.base-dir.v1\x00"
 
 
 class RunnerSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """A runner as the seed's ``project()`` shows it."""
+    """A runner as the original's ``project()`` shows it."""
 
     schema: str
     runner_id: str
@@ -114,7 +114,7 @@ class LeaseRef(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LeaseProfile(msgspec.Struct, frozen=True, kw_only=True):
-    """The lifecycle profile a session carries (the seed's ``lifecycleProfileFromLease``)."""
+    """The lifecycle profile a session carries (the original's ``lifecycleProfileFromLease``)."""
 
     runner_id: str
     authority_file: str
@@ -140,7 +140,7 @@ class LeaseAuthority(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def base_dir_digest(base_dir: str) -> str:
-    """The seed's digest of a base directory path."""
+    """The original's digest of a base directory path."""
     if type(base_dir) is str:
         return _base_dir_digest(base_dir)
     return receipt_digest(BASE_DIR_DOMAIN, base_dir)
@@ -153,7 +153,7 @@ def _base_dir_digest(base_dir: str) -> str:
 
 
 def project(state: RunnerState) -> RunnerSnapshot:
-    """The seed's ``project()``: a runner's public snapshot from its state."""
+    """The original's ``project()``: a runner's public snapshot from its state."""
     # The counts come from the state's lease index (kept as events are folded), not a scan of its leases.
     active, parked, settled = lease_counts(state)
     return RunnerSnapshot(
@@ -166,7 +166,7 @@ def project(state: RunnerState) -> RunnerSnapshot:
 
 
 def lease_material(lease: Lease) -> dict[str, Any]:
-    """A lease in the seed's camelCase shape."""
+    """A lease in the original's camelCase shape."""
     return {
         "id": lease.id,
         "sessionId": lease.session_id,
@@ -181,7 +181,7 @@ def lease_material(lease: Lease) -> dict[str, Any]:
 
 def lease_receipt(*, state: RunnerState, authority_file: str, runner_generation: int, lease: Lease,
                   proxy: ProxyAuthority) -> LeaseReceipt:
-    """Build a lease receipt and its digest over the seed's material."""
+    """Build a lease receipt and its digest over the original's material."""
     material = {
         "runnerId": state.runner_id,
         "target": state.target,

@@ -1,8 +1,8 @@
 """The runner's state and its transition rules: pure, no I/O, no clock.
 
 `apply(state, event, at_ms)` folds one event into a runner's state and checks, as it does, every rule
-of the seed that the event must have obeyed: the command path builds events from a caller's input and
-applies them (a broken rule raises the seed's error kind and message, and nothing is appended); the
+of the original that the event must have obeyed: the command path builds events from a caller's input and
+applies them (a broken rule raises the original's error kind and message, and nothing is appended); the
 replay path applies recorded events (a broken rule is an IntegrityError at that seq). One set of rules
 serves both, so a log the commands could not have written never replays clean: besides fences and
 transitions, every field is held to the checks its command runs on its input (the same functions of
@@ -13,7 +13,7 @@ Each rule checks an event against a `RunnerDraft` (``state.py``) and then change
 frozen state, steps one event and freezes the result; a replay of many events thaws once (keyed),
 `step`s every event through the very same rules and freezes once at the end.
 
-Retention follows the seed with one improvement: the state holds at most 1024 leases, evicting the
+Retention follows the original with one improvement: the state holds at most 1024 leases, evicting the
 oldest lease that is no longer active (never an active one), and 256 after a completed reclaim. The
 log itself keeps every lease forever.
 """
@@ -68,7 +68,7 @@ _DIGEST_MATCH = DIGEST_RE.fullmatch
 
 def hook_receipt_material(*, runner_id: str, runner_generation: int, lease_id: str, lease_generation: int,
                           result_digest: str, hook_digest: str) -> dict[str, object]:
-    """The seed's post-session hook receipt material (camelCase, so digests match the seed's)."""
+    """The original's post-session hook receipt material (camelCase, so digests match the original's)."""
     return {
         "runnerId": runner_id,
         "runnerGeneration": runner_generation,
@@ -83,20 +83,104 @@ def check_fresh(proxy: ProxyAuthority, now_ms: int) -> None:
     """AuthorityError unless the authority was issued at most 30 s ahead, at most 5 min ago, and lives."""
     issued = parse_iso_ms(proxy.issued_at)
     expires = parse_iso_ms(proxy.expires_at)
-    if issued > now_ms + MAX_PROXY_SKEW_MS or now_ms - issued > MAX_PROXY_AGE_MS or expires <= now_ms:
-        raise AuthorityError(
-            f"execution location proxy authority is not fresh (proxy_authority {proxy.id} revision "
-            f"{proxy.revision}: issued_at {proxy.issued_at}, expires_at {proxy.expires_at})"
-        )
+    if issued > now_ms + MAX_PROXY_SKEW_MS:
+        miss = issued - now_ms - MAX_PROXY_SKEW_MS
+        why = (f"it was issued {_span(issued - now_ms)} ahead of now ({iso_ms(now_ms)}); at most "
+               f"{_span(MAX_PROXY_SKEW_MS)} ahead is allowed, so it misses by {_span(miss)} (check the issuer's clock)")
+    elif now_ms - issued > MAX_PROXY_AGE_MS:
+        miss = now_ms - issued - MAX_PROXY_AGE_MS
+        why = (f"it was issued {_span(now_ms - issued)} before now ({iso_ms(now_ms)}); at most "
+               f"{_span(MAX_PROXY_AGE_MS)} old is allowed, so it misses by {_span(miss)} (get a freshly issued "
+               "authority)")
+    elif expires <= now_ms:
+        why = (f"it expired at {proxy.expires_at}, {_span(now_ms - expires)} before now ({iso_ms(now_ms)}) "
+               "(get a freshly issued authority)")
+    else:
+        return
+    raise AuthorityError(f"execution location proxy authority is not fresh (proxy_authority {proxy.id} revision "
+                         f"{proxy.revision}, issued_at {proxy.issued_at}): {why}")
+
+
+def _span(ms: int) -> str:
+    """A duration as people say it: ``42 ms``, ``31.5 s``, ``6 min 5 s``, ``2 h 3 min``."""
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:g} s"
+    minutes, seconds = divmod(ms // 1000, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s" if seconds else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
 
 
 def check_min_revision(proxy: ProxyAuthority, minimum: int) -> None:
-    """InvalidInputError when the revision is below the minimum (the seed's safeInteger bound)."""
+    """InvalidInputError when the revision is below the minimum (the original's safeInteger bound)."""
     if proxy.revision < max(1, minimum):
         raise InvalidInputError(
             "proxy_authority.revision",
             f"proxy authority revision is invalid: {proxy.revision} is below the minimum {max(1, minimum)}",
         )
+
+
+def _lease_refusal(state: RunnerState, lease_id: str, lease_generation: int, now_ms: int) -> tuple[Lease | None, str]:
+    lease = state.lease(lease_id)
+    if lease is None:
+        return None, f"the runner has no lease {lease_id} (it never had one, or retention dropped it)"
+    if lease.status != "active":
+        return lease, f"lease {lease_id} is {lease.status}, no longer active"
+    if lease.generation != lease_generation:
+        return lease, (f"lease {lease_id} was granted at generation {lease.generation}, not lease_generation "
+                       f"{lease_generation}")
+    expires = parse_iso_ms(lease.expires_at)
+    if expires <= now_ms:
+        return lease, (f"lease {lease_id} expired at {lease.expires_at}, {_span(now_ms - expires)} before now "
+                       f"({iso_ms(now_ms)}); acquire a new lease")
+    return lease, ""
+
+
+def check_poll(state: RunnerState, *, lease_id: str, lease_generation: int, proxy_authority_id: str,
+               proxy_authority_revision: int, now_ms: int) -> Lease:
+    """The active lease a poll may go on under, or StaleFenceError naming the one cause it may not.
+
+    A poll needs the lease active at its generation and unexpired at `now_ms`, the runner bound to the
+    same proxy id and revision, and the runner neither parked nor reclaiming. Pure: the clock's reading
+    is a parameter.
+    """
+    lease, why = _lease_refusal(state, lease_id, lease_generation, now_ms)
+    if not why and state.state in ("parked", "reclaiming"):
+        why = f"the runner is {state.state}; a lease polls only while it is accepting or draining"
+    if not why and state.proxy_authority.id != proxy_authority_id:
+        why = f"proxy_authority_id {proxy_authority_id} is not the runner's {state.proxy_authority.id}"
+    if not why and state.proxy_authority.revision != proxy_authority_revision:
+        why = (f"proxy_authority_revision {proxy_authority_revision} is not the runner's "
+               f"{state.proxy_authority.revision} (the proxy rotated: refresh the lease's authority)")
+    if why or lease is None:
+        raise StaleFenceError(f"execution location poll lease is stale or parked (lease_id {lease_id}): {why}")
+    return lease
+
+
+def check_refresh(state: RunnerState, *, lease_id: str, lease_generation: int, expected_generation: int,
+                  proxy: ProxyAuthority, now_ms: int) -> Lease:
+    """The active lease whose authority may be re-issued under `proxy`, or StaleFenceError naming the cause.
+
+    A refresh needs the runner accepting at `expected_generation` and bound to `proxy`'s id and
+    revision, and the lease active at its generation and unexpired at `now_ms`. Pure, like `check_poll`.
+    """
+    why = ""
+    if state.state != "accepting":
+        why = f"the runner is {state.state}; lease authority is refreshed only while it is accepting"
+    elif state.generation != expected_generation:
+        why = (f"expected_generation is {expected_generation} but the runner is at generation {state.generation} "
+               "(call snapshot() for the current generation)")
+    elif state.proxy_authority.id != proxy.id or state.proxy_authority.revision != proxy.revision:
+        why = (f"proxy_authority {proxy.id} revision {proxy.revision} is not the runner's "
+               f"{state.proxy_authority.id} revision {state.proxy_authority.revision}")
+    lease, lease_why = _lease_refusal(state, lease_id, lease_generation, now_ms)
+    why = why or lease_why
+    if why or lease is None:
+        raise StaleFenceError(f"execution location lease refresh fence is stale (lease_id {lease_id}): {why}")
+    return lease
 
 
 def start(event: Event, at: str, stream: str | None = None) -> RunnerDraft:
@@ -141,7 +225,7 @@ def _check_at(last_at: str | None, at_ms: int, at: str) -> None:
 def step(draft: RunnerDraft, event: Event, at_ms: int, at: str) -> None:
     """Fold `event` into `draft` in place, checking every rule first: a refused event changes nothing.
 
-    Raises the seed's error kinds (StaleFenceError, AuthorityError, InvalidInputError, LifecycleError)
+    Raises the original's error kinds (StaleFenceError, AuthorityError, InvalidInputError, LifecycleError)
     when the event breaks a rule for this state, a field lies outside what its command accepts, or it
     is stamped before the stream's previous event.
     """
@@ -160,7 +244,7 @@ def step(draft: RunnerDraft, event: Event, at_ms: int, at: str) -> None:
 def apply(state: RunnerState | None, event: Event, at_ms: int, at: str) -> RunnerState:
     """Fold `event`, stamped `at` (ISO) / `at_ms` (epoch ms), into `state`, checking every rule.
 
-    Raises the seed's error kinds (StaleFenceError, AuthorityError, InvalidInputError, LifecycleError)
+    Raises the original's error kinds (StaleFenceError, AuthorityError, InvalidInputError, LifecycleError)
     when the event breaks a rule for this state; `state` itself never changes.
     """
     if state is None:
@@ -183,7 +267,7 @@ def _bound(draft: RunnerDraft, proxy: ProxyAuthority) -> ProxyRef:
 
 def _lease_acquired(draft: RunnerDraft, event: LeaseAcquired, at_ms: int, at: str) -> None:
     proxy = event.proxy_authority
-    check_fresh(proxy, at_ms)  # first, as the seed's validateProxyAuthority runs before its fences
+    check_fresh(proxy, at_ms)  # first, as the original's validateProxyAuthority runs before its fences
     if draft.state != "accepting" or draft.generation != event.lease_generation:
         raise StaleFenceError(
             f"execution location runner is not accepting this generation (runner {draft.state} at generation "
@@ -206,7 +290,7 @@ def _lease_acquired(draft: RunnerDraft, event: LeaseAcquired, at_ms: int, at: st
     _canonical(event.expires_at, "expires_at")
     ttl = parse_iso_ms(event.expires_at) - at_ms
     if event.issued_at != at or not MIN_TTL_MS <= ttl <= MAX_TTL_MS:
-        raise InvalidInputError("ttl_ms", f"lease ttlMs is invalid: {ttl} is outside {MIN_TTL_MS}..{MAX_TTL_MS}")
+        raise InvalidInputError("ttl_ms", f"lease ttl_ms is invalid: {ttl} is outside {MIN_TTL_MS}..{MAX_TTL_MS}")
     if draft.lease(event.lease_id) is not None:
         raise StaleFenceError(f"execution location lease id is already taken (lease_id {event.lease_id})")
     draft.add_lease(Lease(id=event.lease_id, session_id=event.session_id, generation=event.lease_generation,
@@ -240,7 +324,7 @@ def _drain_requested(draft: RunnerDraft, event: DrainRequested, at_ms: int, at: 
     _canonical(event.deadline_at, "deadline_at")
     timeout = parse_iso_ms(event.deadline_at) - at_ms
     if event.requested_at != at or not MIN_DRAIN_MS <= timeout <= MAX_DRAIN_MS:
-        raise InvalidInputError("timeout_ms", f"drain timeoutMs is invalid: {timeout} is outside "
+        raise InvalidInputError("timeout_ms", f"drain timeout_ms is invalid: {timeout} is outside "
                                               f"{MIN_DRAIN_MS}..{MAX_DRAIN_MS}")
     if draft.state != "accepting" or event.generation != draft.generation + 1:
         raise StaleFenceError(f"execution location drain generation is stale (runner {draft.state} at generation "
@@ -341,14 +425,10 @@ def _reclaim_completed(draft: RunnerDraft, event: ReclaimCompleted, at_ms: int, 
 
 def _hook_authorized(draft: RunnerDraft, event: HookAuthorized, at_ms: int, at: str) -> None:
     lease = draft.lease(event.lease_id)
-    if (draft.generation != event.runner_generation or draft.state not in ("parked", "draining") or lease is None
-            or lease.generation != event.lease_generation or lease.status == "active"
-            or lease.result_digest != event.result_digest or lease.hook_receipt_digest is not None
-            or event.hook_digest != draft.post_session_hook_digest):
-        raise StaleFenceError(
-            f"execution location post-session hook fence is stale (runner {draft.state} at generation "
-            f"{draft.generation}, expected_runner_generation {event.runner_generation}, lease_id {event.lease_id})"
-        )
+    why = _hook_refusal(draft, event, lease)
+    if why is not None:
+        raise StaleFenceError(f"execution location post-session hook fence is stale: {why}")
+    assert lease is not None
     material = hook_receipt_material(
         runner_id=draft.runner_id, runner_generation=draft.generation, lease_id=lease.id,
         lease_generation=lease.generation, result_digest=event.result_digest, hook_digest=event.hook_digest)
@@ -356,6 +436,32 @@ def _hook_authorized(draft: RunnerDraft, event: HookAuthorized, at_ms: int, at: 
         raise LifecycleError("post-session hook receipt digest does not match its material")
     draft.replace_lease(lease, _replace(lease, hook_receipt_digest=event.receipt_digest))
     draft.updated_at = at
+
+
+def _hook_refusal(draft: RunnerDraft, event: HookAuthorized, lease: Lease | None) -> str | None:
+    """Why a post-session hook may not be authorized here, one cause at a time (None when it may)."""
+    if draft.state not in ("parked", "draining"):
+        return (f"the runner is {draft.state}; hooks are authorized while it is draining or parked "
+                "(request_drain first, or wait for the park)")
+    if draft.generation != event.runner_generation:
+        return (f"expected_runner_generation is {event.runner_generation} but the runner is at generation "
+                f"{draft.generation} (call snapshot() for the current generation)")
+    if lease is None:
+        return f"the runner has no lease {shown(event.lease_id)} (it never had one, or retention dropped it)"
+    if lease.generation != event.lease_generation:
+        return (f"lease {lease.id} was granted at generation {lease.generation}, not lease_generation "
+                f"{event.lease_generation}")
+    if lease.status == "active":
+        return f"lease {lease.id} is still active; its hook is authorized once it is settled or parked"
+    if lease.result_digest != event.result_digest:
+        recorded = lease.result_digest or "none (a lease parked by an expired drain has no result digest)"
+        return f"result_digest {event.result_digest} is not the lease's recorded result digest: {recorded}"
+    if lease.hook_receipt_digest is not None:
+        return f"lease {lease.id}'s hook is already authorized (receipt {lease.hook_receipt_digest})"
+    if event.hook_digest != draft.post_session_hook_digest:
+        return (f"hook_digest {event.hook_digest} is not the runner's post_session_hook_digest "
+                f"{draft.post_session_hook_digest}")
+    return None
 
 
 def _canonical(value: str, field: str) -> None:

@@ -19,7 +19,7 @@ class RunnerCapacityError(LifecycleError):
 
 
 class Lease(msgspec.Struct, frozen=True, kw_only=True):
-    """A lease as the runner's state holds it (the seed's lease record)."""
+    """A lease as the runner's state holds it (the original's lease record)."""
 
     id: str
     session_id: str
@@ -56,7 +56,7 @@ class UnitIntent(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RunnerState(msgspec.Struct, frozen=True, kw_only=True, dict=True):
-    """A runner's whole state, as the seed's JSON file held it, rebuilt from its events.
+    """A runner's whole state, as the original's JSON file held it, rebuilt from its events.
 
     ``pending_park`` is set between a fact that leaves no active lease and the RunnerParked that
     must follow it in the same transaction; a replay that finds anything else there is illegal.
@@ -183,10 +183,10 @@ def index_of(state: RunnerState) -> _LeaseIndex:
 
 
 def lease_counts(state: RunnerState) -> tuple[int, int, int]:
-    """(active, parked, settled) lease counts, from the index; a status the seed has not is a KeyError."""
+    """(active, parked, settled) lease counts, from the index; a status the original has not is a KeyError."""
     index = index_of(state)
     if index.other:
-        # As the seed's project() has it: a status it does not know is an error, not a count.
+        # As the original's project() has it: a status it does not know is an error, not a count.
         raise KeyError(next(lease.status for lease in state.leases if lease.status not in _SLOT))
     return index.active, index.parked, index.settled
 

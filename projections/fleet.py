@@ -65,7 +65,7 @@ def state_at(store: EventStore, runner_id: str, seq: int | None = None) -> Runne
 
 
 def runner_at(store: EventStore, runner_id: str, seq: int | None = None) -> RunnerSnapshot | None:
-    """A runner's snapshot (the seed's ``project()``) as of `seq`."""
+    """A runner's snapshot (the original's ``project()``) as of `seq`."""
     state = state_at(store, runner_id, seq)
     return project(state) if state is not None else None
 

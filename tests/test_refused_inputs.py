@@ -598,7 +598,8 @@ BAD_COMMANDS = st.one_of(
 
 
 def members_not_of(*allowed: str) -> st.SearchStrategy[object]:
-    near = [variant for word in allowed for variant in (word.upper(), word + "\n", " " + word, word[:-1])]
+    near = [variant for word in allowed for variant in (word.lower(), word.upper(), word + "\n", " " + word, word[:-1])
+            if variant not in allowed]  # an upper-case word is its own upper case
     return st.one_of(st.sampled_from([*near, "", "evil"]), NOT_STRINGS, st.none(), st.text(max_size=8).filter(
         lambda text: text not in allowed))
 

@@ -780,8 +780,17 @@ def test_complete_reclaim_needs_a_reclaiming_runner(world: World) -> None:
 
 # --- post-session hook ----------------------------------------------------------------------------------
 
-HOOK_FENCES = ["runner-generation", "runner-accepting", "unknown-lease", "lease-generation", "lease-active",
-               "result-digest", "already-authorized", "hook-digest"]
+# Each cause of a refused hook, and the words only its message says (one message per cause).
+HOOK_FENCES = {
+    "runner-generation": "expected_runner_generation is",
+    "runner-accepting": "the runner is accepting; hooks are authorized while it is draining or parked",
+    "unknown-lease": "the runner has no lease 'lease-nobody'",
+    "lease-generation": "was granted at generation 1, not lease_generation 2",
+    "lease-active": "is still active; its hook is authorized once it is settled or parked",
+    "result-digest": "is not the lease's recorded result digest",
+    "already-authorized": "hook is already authorized",
+    "hook-digest": "is not the runner's post_session_hook_digest",
+}
 
 
 @pytest.mark.parametrize("broken", HOOK_FENCES)
@@ -809,9 +818,11 @@ def test_hook_authorization_fences(world: World, broken: str) -> None:
         lifecycle.authorize_post_session_hook(**call)
     elif broken == "hook-digest":
         call["hook_digest"] = OTHER
-    with refused(world, StaleFenceError, "execution location post-session hook fence is stale",
-                 f"lease_id {call['lease_id']}"):
+    with refused(world, StaleFenceError, "execution location post-session hook fence is stale: ",
+                 HOOK_FENCES[broken]) as caught:
         lifecycle.authorize_post_session_hook(**call)
+    others = [words for cause, words in HOOK_FENCES.items() if cause != broken]
+    assert not [words for words in others if words in str(caught.value)], "one cause, one message"
 
 
 @pytest.mark.parametrize("runner_state", ["draining", "parked"])
@@ -1328,3 +1339,22 @@ def test_runners_sharing_a_store_stay_independent(world: World) -> None:
     assert world.runner("runner-a").snapshot() == snap_a
     assert world.runner("runner-b", target="container").snapshot() == snap_b
     assert world.store.streams() == ["runner-a", "runner-b"]
+
+
+@pytest.mark.parametrize(("issued_s", "expires_s", "words"), [
+    (42, 600, ["issued 42 s ahead of now (2026-01-01T00:00:00.000Z)", "at most 30 s ahead", "misses by 12 s"]),
+    (-361, 600, ["issued 6 min 1 s before now", "at most 5 min old", "misses by 1 min 1 s"]),
+    (-10, -3, ["expired at 2025-12-31T23:59:57.000Z, 3 s before now (2026-01-01T00:00:00.000Z)"]),
+])
+def test_a_stale_authority_says_now_the_bound_and_the_miss(issued_s: int, expires_s: int, words: list[str]) -> None:
+    from lifecycle_es import AuthorityError
+    from lifecycle_es.canonical import iso_ms
+    from lifecycle_es.runner import check_fresh
+    from lifecycle_es.testing import START_MS
+
+    proxy = ProxyAuthority(id="proxy-1", revision=1, issued_at=iso_ms(START_MS + issued_s * 1000),
+                           expires_at=iso_ms(START_MS + expires_s * 1000))
+    with pytest.raises(AuthorityError) as caught:
+        check_fresh(proxy, START_MS)
+    for word in words:
+        assert word in str(caught.value)

@@ -1,14 +1,14 @@
 """Property-testing kit for hosts that embed lifecycle-es.
 
-This package needs hypothesis installed (a test-only dependency: ``pip install 'lifecycle-es[test]'``);
+This package needs hypothesis installed (the ``testing`` extra: ``pip install 'lifecycle-es[testing]'``);
 the library itself never imports it.
 
 - `FakeClock`, `SequentialIds`: the injected clock and id source, under the test's control.
 - Value strategies: `ids`, `digests`, `resources`, `proxy_authorities` (fresh at a given time).
-- `ReferenceRunner`: an independent in-memory model of the seed (the JavaScript runner lifecycle),
-  written from the seed's source, not from ``lifecycle_es.runner``: a dict state shaped like the
-  seed's JSON file, the seed's checks in the seed's order, the commands and keyword names of
-  `RunnerLifecycle`, the same error kinds, and the events each command should append.
+- `ReferenceRunner`: an independent in-memory model of the runner lifecycle this library re-implements
+  (a JavaScript original that kept each runner in one JSON file), written from that source, not from
+  ``lifecycle_es.runner``: a dict state shaped like its JSON file, its checks in its order, the commands
+  and keyword names of `RunnerLifecycle`, the same error kinds, and the events each command appends.
 - `command_programs`, `run_program`: random command programs checked against the model;
   `event_logs`, `invalid_event_logs`: logs a runner's stream could hold, and logs that break a rule
   at a known event.
@@ -29,7 +29,7 @@ the library itself never imports it.
                                    random_id=SequentialIds(), preflight_base_dir=preflight_writable_directory)
             assert run_program(real, clock, program) == run_program(model, model_clock, program)
 
-Where the seed coerces a value with ``Number()`` or compares an unchecked string, the library refuses
+Where the original coerces a value with ``Number()`` or compares an unchecked string, the library refuses
 a malformed value (a bool, a float, a generation below 1, an id outside the pattern) as
 InvalidInputError; the model does the same. The model has no file system: it runs no base directory
 preflight and draws no probe names from ``random_id``, so pair it with a lifecycle whose

@@ -25,10 +25,10 @@ from ..events import (
     UnitStopped,
 )
 from ..values import ProxyAuthority
+from .bounds import TARGETS
 from .clock import START_MS, FakeClock
 from .model import ReferenceRunner
 from .programs import _plan
-from .seed import TARGETS
 from .units import bounded, out_of_bounds, with_unit_facts
 from .values import digests, ids, resources
 

@@ -1,4 +1,4 @@
-"""`ReferenceRunner`: the seed's commands, each running the seed's checks in the seed's order."""
+"""`ReferenceRunner`: the original's commands, each running the original's checks in the original's order."""
 
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ from ..events import (
 from ..receipts import DrainParkSnapshot, HookReceipt, LeaseParkSnapshot, LeaseReceipt, PollResult, RunnerSnapshot
 from ..state import ProxyRef
 from ..values import ProxyAuthority, Resources
-from .model_state import _ModelState, _proxy_struct
-from .seed import (
+from .bounds import (
     DRAIN_BOUNDS,
     HOOK_DOMAIN,
     PARK_REASONS,
@@ -39,6 +38,7 @@ from .seed import (
     _min_revision,
     _proxy,
 )
+from .model_state import _ModelState, _proxy_struct
 
 COMMANDS = (
     "initialize", "acquire_lease", "assert_poll", "rotate_proxy_authority", "refresh_lease_authority",
@@ -49,16 +49,16 @@ COMMANDS = (
 
 
 class ReferenceRunner(_ModelState):
-    """An independent in-memory model of the seed's runner lifecycle, and a generator of valid event logs.
+    """An independent in-memory model of the original's runner lifecycle, and a generator of valid event logs.
 
-    The state is a dict shaped like the seed's JSON file (camelCase keys). Each command runs the seed's
-    checks in the seed's order, raises the error kind `RunnerLifecycle` raises, returns what it returns,
+    The state is a dict shaped like the original's JSON file (camelCase keys). Each command runs the original's
+    checks in the original's order, raises the error kind `RunnerLifecycle` raises, returns what it returns,
     and sets `last_events` to the events it should append (`log` holds every ``(at_ms, event)`` so far).
-    DESIGN.md's improvements on the seed hold: retention evicts the oldest lease that is no longer
+    DESIGN.md's improvements on the original hold: retention evicts the oldest lease that is no longer
     active and never an active one (a full table of active leases refuses with RunnerCapacityError),
     and a drain with no active lease parks the runner at once.
 
-    As in the seed, a lease receipt names this handle's resources and hook digest (the seed checks
+    As in the original, a lease receipt names this handle's resources and hook digest (the original checks
     only runner id, target and base dir against the recorded ones); the library's name the recorded
     ones. They agree whenever the handles are built alike, as they should be.
     """
@@ -76,7 +76,7 @@ class ReferenceRunner(_ModelState):
         other._shared = self._shared
         return other
 
-    # --- commands (the seed's methods, in its order of checks) ---------------------------------------
+    # --- commands (the original's methods, in its order of checks) ---------------------------------------
 
     def initialize(self) -> RunnerSnapshot:
         """Create the runner, or check the identity of the one that exists (LifecycleError if it drifted)."""
@@ -106,7 +106,7 @@ class ReferenceRunner(_ModelState):
         proxy = _proxy(proxy_authority)
         _fresh(proxy, now_ms)
         ttl = _integer(ttl_ms, "ttl_ms", *TTL_BOUNDS)
-        # The seed draws the id before checking ttl; the library after. Either way one id per attempt
+        # The original draws the id before checking ttl; the library after. Either way one id per attempt
         # that gets this far, and the model draws where the library does so their ids stay in step.
         lease_id = _id(f"lease-{self._random_id()}", "random_id")
         draft = self._draft()
@@ -119,7 +119,7 @@ class ReferenceRunner(_ModelState):
         if proxy["revision"] < draft["proxyAuthority"]["revision"]:
             raise AuthorityError("execution location proxy authority revision rolled back")
         if self._find(draft, lease_id) is not None:
-            # Not in the seed (its ids are random UUIDs); the library refuses a reused id as stale.
+            # Not in the original (its ids are random UUIDs); the library refuses a reused id as stale.
             raise StaleFenceError("execution location lease id is already taken")
         lease = {"id": lease_id, "sessionId": session, "generation": draft["generation"], "issuedAt": iso_ms(now_ms),
                  "expiresAt": iso_ms(now_ms + ttl), "status": "active", "resultDigest": None,

@@ -1,6 +1,6 @@
-"""The model's state: the seed's JSON document that handles of one runner share, and the reads over it.
+"""The model's state: the original's JSON document that handles of one runner share, and the reads over it.
 
-`ReferenceRunner` (in ``model``) adds the seed's commands on top.
+`ReferenceRunner` (in ``model``) adds the original's commands on top.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from ..lifecycle import UnknownRunnerError
 from ..receipts import BaseDirClaim, LeaseReceipt, PostSessionHook, RunnerSnapshot
 from ..state import Drain, Lease, ProxyRef, RunnerCapacityError, RunnerState
 from ..values import ProxyAuthority, Resources
-from .clock import SequentialIds
-from .seed import (
+from .bounds import (
     BASE_DIR_DOMAIN,
     LEASE_DOMAIN,
     MAX_RETAINED_LEASES,
@@ -31,6 +30,7 @@ from .seed import (
     _id,
     _integer,
 )
+from .clock import SequentialIds
 
 
 def _proxy_struct(proxy: dict[str, Any]) -> ProxyAuthority:
@@ -85,7 +85,7 @@ class _ModelState:
 
     @property
     def doc(self) -> dict[str, Any] | None:
-        """A copy of the state document (the seed's JSON), or None before `initialize`."""
+        """A copy of the state document (the original's JSON), or None before `initialize`."""
         return copy.deepcopy(self._shared.doc)
 
     @property
@@ -96,11 +96,11 @@ class _ModelState:
     # --- plumbing ------------------------------------------------------------------------------------
 
     def _draft(self) -> dict[str, Any]:
-        """A working copy of the state (the seed's mutateSecurityStore draft); UnknownRunnerError if none."""
+        """A working copy of the state (the original's mutateSecurityStore draft); UnknownRunnerError if none."""
         doc = self._shared.doc
         if doc is None:
             raise UnknownRunnerError(f"runner {self.runner_id} is not initialized")
-        # The seed's validateState(draft, this) runs on every read and write, not only in initialize.
+        # The original's validateState(draft, this) runs on every read and write, not only in initialize.
         if doc["runnerId"] != self.runner_id or doc["target"] != self.target or doc["baseDir"] != self.base_dir:
             raise LifecycleError("runner lifecycle identity drifted")
         # Commands replace nested values (proxy, drain) rather than edit them, and edit only lease
@@ -169,7 +169,7 @@ class _ModelState:
     # --- reading -------------------------------------------------------------------------------------
 
     def snapshot(self) -> RunnerSnapshot:
-        """The seed's ``project()`` of the current state."""
+        """The original's ``project()`` of the current state."""
         return self._project(self._draft())
 
     def runner_state(self) -> RunnerState:

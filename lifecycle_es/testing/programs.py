@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from ..canonical import iso_ms, parse_iso_ms
 from ..errors import LifecycleError
 from ..values import ProxyAuthority, Resources
+from .bounds import MAX_PROXY_AGE_MS, MIB, PARK_REASONS
 from .clock import START_MS, FakeClock
 from .model import ReferenceRunner
-from .seed import MAX_PROXY_AGE_MS, MIB, PARK_REASONS
 from .values import digests, ids, proxy_authorities
 
 RUNNER_DEFAULTS: dict[str, Any] = {

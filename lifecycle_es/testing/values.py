@@ -1,4 +1,4 @@
-"""Value strategies: identifiers, digests, resource limits and fresh proxy authorities within the seed's bounds."""
+"""Value strategies: identifiers, digests, resource limits and fresh proxy authorities within the original's bounds."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from hypothesis import strategies as st
 
 from ..canonical import iso_ms
 from ..values import ProxyAuthority, Resources
-from .seed import _ID_CHARS, _ID_FIRST, MAX_PROXY_AGE_MS, MAX_PROXY_SKEW_MS, MIB
+from .bounds import _ID_CHARS, _ID_FIRST, MAX_PROXY_AGE_MS, MAX_PROXY_SKEW_MS, MIB
 
 
 def ids(*, max_size: int = 32) -> st.SearchStrategy[str]:
-    """Identifiers within the seed's pattern (1..`max_size` characters, at most 256)."""
+    """Identifiers within the original's pattern (1..`max_size` characters, at most 256)."""
     rest = st.text(alphabet=_ID_CHARS, max_size=min(max_size, 256) - 1)
     return st.builds(str.__add__, st.sampled_from(_ID_FIRST), rest)
 
@@ -21,7 +21,7 @@ def digests() -> st.SearchStrategy[str]:
 
 
 def resources() -> st.SearchStrategy[Resources]:
-    """Resource limits within the seed's bounds (1..86400 CPU seconds, 64 MiB..64 GiB)."""
+    """Resource limits within the original's bounds (1..86400 CPU seconds, 64 MiB..64 GiB)."""
     return st.builds(Resources, cpu_seconds=st.integers(1, 86_400),
                      memory_bytes=st.integers(64 * MIB, 64 * 1024 * MIB))
 

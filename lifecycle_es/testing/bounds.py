@@ -1,4 +1,7 @@
-"""The seed's constants and value checks, transliterated from its source (the checks raise the library's errors)."""
+"""The original's constants and value checks, transliterated from its source.
+
+The checks raise the library's errors, so the model and the library can be compared error for error.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from ..canonical import MAX_EPOCH_MS, parse_iso_ms
 from ..errors import AuthorityError, InvalidInputError
 from ..values import ProxyAuthority
 
-# The seed's constants, copied from its source rather than imported: the model must not share a
+# The original's constants, copied from its source rather than imported: the model must not share a
 # mistake with the code it checks.
 SCHEMA = "cc-execution-location-runner-lifecycle/v1"
 TARGETS = ("local", "wsl", "ssh", "container")
@@ -35,7 +38,7 @@ HOOK_DOMAIN = "chainlesschain.execution-location.post-session-hook.v1\0"
 MIB = 1024 * 1024
 
 
-# --- the seed's value checks (raising the library's error kinds) -----------------------------------
+# --- the original's value checks (raising the library's error kinds) -----------------------------------
 
 
 def _id(value: object, field: str) -> str:
@@ -51,7 +54,7 @@ def _digest(value: object, field: str) -> str:
 
 
 def _integer(value: object, field: str, minimum: int = 0, maximum: int = MAX_SAFE_INTEGER) -> int:
-    # The seed's Number() would take "3" or true; the library refuses anything but an int, and so do we.
+    # The original's Number() would take "3" or true; the library refuses anything but an int, and so do we.
     if type(value) is not int or not minimum <= value <= maximum:
         raise InvalidInputError(field, f"{field} is invalid")
     return value
@@ -73,12 +76,12 @@ def _timestamp_ms(value: object, field: str) -> int:
 
 
 def _proxy(value: object) -> dict[str, Any]:
-    """The seed's validateProxyAuthority, value part: shape, id, revision >= 1, timestamps."""
+    """The original's validateProxyAuthority, value part: shape, id, revision >= 1, timestamps."""
     data = msgspec.structs.asdict(value) if isinstance(value, ProxyAuthority) else value
     if not isinstance(data, Mapping) or sorted(map(str, data)) != ["expires_at", "id", "issued_at", "revision"]:
         raise InvalidInputError("proxy_authority", "proxy authority has an invalid schema")
     # The library validates the id with the rest of the value (a ProxyAuthority cannot even be built
-    # with a bad one), where the seed checks it after freshness.
+    # with a bad one), where the original checks it after freshness.
     return {"id": _id(data["id"], "proxy_authority.id"),
             "revision": _integer(data["revision"], "proxy_authority.revision", 1),
             "issuedAt": _timestamp_ms(data["issued_at"], "proxy_authority.issued_at"),
