@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: a fresh event store on a real file, and a clock that moves when told.
+"""Fixtures shared by every test: a fresh event store on a real file, a clock that moves when told, and the
+fleet logs the command-line, audit and store tests read (built once per module that asks, never changed).
 
     def test_something(store, clock):
         store.append_unchecked("runner-1", [ReclaimCompleted(generation=2)])
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fleets import KEY, fleet_in, long_in
 
 from lifecycle_es import EventStore
 from lifecycle_es.testing import FakeClock
@@ -30,3 +32,21 @@ def store(tmp_path: Path, clock: FakeClock) -> Iterator[EventStore]:
         yield opened
     finally:
         opened.close()
+
+
+@pytest.fixture(scope="module")
+def fleet_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
+    """A fleet log written by the lifecycle itself (read models, snapshots, a seal), and its marks."""
+    return fleet_in(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def keyed_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fleet log of a keyed store (its key: ``fleets.KEY``)."""
+    return fleet_in(tmp_path_factory, key=KEY)[0]
+
+
+@pytest.fixture(scope="module")
+def long_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A log long enough for the audit's worker processes (two ranges and a bit)."""
+    return long_in(tmp_path_factory)

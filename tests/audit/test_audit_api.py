@@ -11,34 +11,19 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_cli_logs import KEY, attack, copy_store, fleet_in, long_in
+from fleets import KEY, attack, copy_store
 
 import lifecycle_es
 from lifecycle_es import AuditReport, EventStore, InvalidInputError, LifecycleError, Problem, StoreKeyError, audit
 from lifecycle_es.walk import MIN_RANGE_EVENTS
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
-    return fleet_in(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def keyed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
-    return fleet_in(tmp_path_factory, key=KEY)
-
-
-@pytest.fixture(scope="module")
-def long_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return long_in(tmp_path_factory)
-
-
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_a_whole_log_reports_every_check_proved(fleet: tuple[Path, dict[str, int]]) -> None:
-    path, facts = fleet
+def test_a_whole_log_reports_every_check_proved(fleet_log: tuple[Path, dict[str, int]]) -> None:
+    path, facts = fleet_log
     report = audit(path)
     assert isinstance(report, AuditReport)
     assert report.ok and report.first_problem is None and report.problems == []
@@ -50,16 +35,17 @@ def test_a_whole_log_reports_every_check_proved(fleet: tuple[Path, dict[str, int
     assert report.checks["read_models"] is True
 
 
-def test_an_open_store_can_be_audited_and_is_left_open(fleet: tuple[Path, dict[str, int]]) -> None:
-    path, facts = fleet
+def test_an_open_store_can_be_audited_and_is_left_open(fleet_log: tuple[Path, dict[str, int]]) -> None:
+    path, facts = fleet_log
     with EventStore.open(path, read_only=True) as store:
         report = audit(store)
         assert report.ok and report.events == facts["head"]
         assert store.head().seq == facts["head"]  # still usable
 
 
-def test_an_edited_event_is_a_chain_problem_naming_its_seq(fleet: tuple[Path, dict[str, int]], tmp_path: Path) -> None:
-    copy = copy_store(fleet[0], tmp_path / "edited.db", seal=False)
+def test_an_edited_event_is_a_chain_problem_naming_its_seq(fleet_log: tuple[Path, dict[str, int]],
+                                                          tmp_path: Path) -> None:
+    copy = copy_store(fleet_log[0], tmp_path / "edited.db", seal=False)
     attack(copy, ("UPDATE events SET at = '2026-01-01T00:00:00.001Z' WHERE seq = 3", ()))
     before = digest(copy)
     report = audit(copy)
@@ -71,10 +57,10 @@ def test_an_edited_event_is_a_chain_problem_naming_its_seq(fleet: tuple[Path, di
     assert digest(copy) == before  # reading changed nothing
 
 
-def test_a_dropped_trigger_is_a_schema_problem(fleet: tuple[Path, dict[str, int]], tmp_path: Path) -> None:
+def test_a_dropped_trigger_is_a_schema_problem(fleet_log: tuple[Path, dict[str, int]], tmp_path: Path) -> None:
     import apsw
 
-    copy = copy_store(fleet[0], tmp_path / "schema.db", seal=False)
+    copy = copy_store(fleet_log[0], tmp_path / "schema.db", seal=False)
     conn = apsw.Connection(str(copy))
     conn.execute("DROP TRIGGER events_no_delete")
     conn.close()
@@ -85,11 +71,11 @@ def test_a_dropped_trigger_is_a_schema_problem(fleet: tuple[Path, dict[str, int]
 
 
 def test_a_keyed_store_needs_its_key_and_a_key_for_an_unkeyed_one_is_a_problem(
-        keyed: tuple[Path, dict[str, int]], fleet: tuple[Path, dict[str, int]]) -> None:
+        keyed_log: Path, fleet_log: tuple[Path, dict[str, int]]) -> None:
     with pytest.raises(StoreKeyError):
-        audit(keyed[0])
-    assert audit(keyed[0], key=KEY).ok
-    report = audit(fleet[0], key=KEY)
+        audit(keyed_log)
+    assert audit(keyed_log, key=KEY).ok
+    report = audit(fleet_log[0], key=KEY)
     assert not report.ok
     assert [problem.kind for problem in report.problems] == ["key"]
     assert "downgrade" in report.problems[0].reason
@@ -97,10 +83,10 @@ def test_a_keyed_store_needs_its_key_and_a_key_for_an_unkeyed_one_is_a_problem(
 
 @pytest.mark.parametrize(("option", "value"), [("jobs", 0), ("jobs", True), ("jobs", "2"), ("key", b"short"),
                                                ("progress", "bar"), ("seal", "\udcff.seal")])
-def test_bad_arguments_are_invalid_input_naming_the_field(fleet: tuple[Path, dict[str, int]], option: str,
+def test_bad_arguments_are_invalid_input_naming_the_field(fleet_log: tuple[Path, dict[str, int]], option: str,
                                                           value: object) -> None:
     with pytest.raises(InvalidInputError) as raised:
-        audit(fleet[0], **{option: value})  # type: ignore[arg-type]
+        audit(fleet_log[0], **{option: value})  # type: ignore[arg-type]
     assert raised.value.field == option
 
 
@@ -155,9 +141,9 @@ def test_jobs_from_a_plain_script_without_a_main_guard(long_log: Path, tmp_path:
     assert (ok, jobs) == ("True", "2") and int(events) >= 2 * MIN_RANGE_EVENTS
 
 
-def test_the_report_is_plain_json_values(fleet: tuple[Path, dict[str, int]]) -> None:
+def test_the_report_is_plain_json_values(fleet_log: tuple[Path, dict[str, int]]) -> None:
     import json
 
-    data = json.loads(json.dumps(audit(fleet[0]).as_dict()))
+    data = json.loads(json.dumps(audit(fleet_log[0]).as_dict()))
     assert data["ok"] is True and data["checks"]["chain"] is True and data["problems"] == []
     assert lifecycle_es.audit is audit

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from test_cli_logs import HOOK, attack, authority, copy_store, one_error_line, run
+from fleets import HOOK, attack, authority, copy_store, one_error_line, run
 
 from lifecycle_es import EventStore, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms

@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fleets import run
 from png import colours
-from test_cli_logs import run
 from test_timeline import Life, life, tampered_copy  # noqa: F401  (the module's fixture, shared)
 
 from projections.timeline_svg import OUTCOME_STYLE, STATE_STYLE

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_cli_logs import DIGEST, HOOK, authority, run
+from fleets import DIGEST, HOOK, authority, run
 
 from lifecycle_es import EventStore, Resources, RunnerLifecycle, StoreIOError
 from lifecycle_es.events import ReclaimCompleted

@@ -46,9 +46,9 @@ from typing import Any, NamedTuple
 
 import apsw
 import pytest
+from fleets import build_long
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_cli_logs import build_long
 
 from lifecycle_es import EventStore, IntegrityError, ProxyAuthority, Resources, RunnerLifecycle, chain
 from lifecycle_es.canonical import iso_ms

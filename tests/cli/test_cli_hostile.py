@@ -17,13 +17,12 @@ from pathlib import Path
 
 import apsw
 import pytest
-from test_cli_logs import (
+from fleets import (
     DIGEST,
     KEY,
     attack,
     audit_json,
     copy_store,
-    fleet_in,
     long_in,
     one_error_line,
     rechain,
@@ -35,12 +34,6 @@ from lifecycle_es import chain
 from lifecycle_es.walk import split
 
 FleetLog = tuple[Path, dict[str, int]]
-
-
-@pytest.fixture(scope="module")
-def fleet_log(tmp_path_factory: pytest.TempPathFactory) -> FleetLog:
-    """The fleet log; every case attacks a copy."""
-    return fleet_in(tmp_path_factory)
 
 
 def _refused(done_args: tuple[object, ...]) -> str:
@@ -188,12 +181,6 @@ def test_a_damaged_seal_cannot_be_trusted(fleet_log: FleetLog, tmp_path: Path) -
 # --- files named on the command line that are not files to read -----------------------------------------
 
 HANG_S = 30  # a command that waits on a FIFO is killed at this bound and the test fails (TimeoutExpired)
-
-
-@pytest.fixture(scope="module")
-def keyed_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fleet log in a keyed store."""
-    return fleet_in(tmp_path_factory, key=KEY)[0]
 
 
 @pytest.fixture(scope="module")

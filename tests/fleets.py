@@ -26,7 +26,7 @@ from lifecycle_es.events import RUNNER_SCHEMA, LeaseAcquired, LeaseSettled, Runn
 from lifecycle_es.sqlite_schema import MIGRATIONS
 from lifecycle_es.testing import FakeClock
 from lifecycle_es.walk import MIN_RANGE_EVENTS
-from projections import attach, rebuild, replay
+from projections import attach, rebuild
 
 CLI = shutil.which("lifecycle-es", path=os.path.dirname(sys.executable))
 DIGEST = "sha256:" + "ab" * 32
@@ -256,16 +256,3 @@ def long_in(factory: pytest.TempPathFactory) -> Path:
     path = factory.mktemp("long") / "long.db"
     build_long(path)
     return path
-
-
-def test_the_fixture_logs_replay_clean(tmp_path_factory: pytest.TempPathFactory) -> None:
-    path, marks = fleet_in(tmp_path_factory)
-    long_log = long_in(tmp_path_factory)
-    with EventStore.open(path, read_only=True) as store:
-        states = replay(store)
-        assert store.verify().events == marks["head"]
-    assert {state.state for state in states.values()} == {"accepting", "parked"}
-    assert states["runner-0"].generation == 5  # drained, parked, reclaimed
-    with EventStore.open(long_log, read_only=True) as store:
-        assert store.head().seq == LONG_EVENTS
-        assert all(state.state == "accepting" for state in replay(store).values())

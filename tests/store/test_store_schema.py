@@ -18,7 +18,7 @@ from pathlib import Path
 
 import apsw
 import pytest
-from test_cli_logs import DIGEST, HOOK, audit_json, authority, copy_store, fleet_in
+from fleets import DIGEST, HOOK, audit_json, authority, copy_store, fleet_in
 
 from lifecycle_es import EventStore, Resources, RunnerLifecycle, StoreFormatError
 from lifecycle_es.events import ReclaimCompleted

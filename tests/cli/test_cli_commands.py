@@ -13,14 +13,13 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from test_cli_logs import (
+from fleets import (
     CLI,
     DIGEST,
     KEY,
     attack,
     audit_json,
     copy_store,
-    fleet_in,
     one_error_line,
     row,
     rows_and_meta,
@@ -38,18 +37,6 @@ from lifecycle_es.state import Lease, ProxyRef
 from projections import fleet_of
 
 FleetLog = tuple[Path, dict[str, int]]
-
-
-@pytest.fixture(scope="module")
-def fleet_log(tmp_path_factory: pytest.TempPathFactory) -> FleetLog:
-    """The fleet log, sealed; tests that change it work on a copy."""
-    return fleet_in(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def keyed_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fleet log in a keyed store."""
-    return fleet_in(tmp_path_factory, key=KEY)[0]
 
 
 @pytest.fixture

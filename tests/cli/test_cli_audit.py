@@ -15,8 +15,7 @@ from pathlib import Path
 
 import apsw
 import pytest
-from forging import forge
-from test_cli_logs import (
+from fleets import (
     CLI,
     DIGEST,
     KEY,
@@ -25,12 +24,11 @@ from test_cli_logs import (
     audit_json,
     copy_store,
     edit_caches,
-    fleet_in,
-    long_in,
     one_error_line,
     row,
     run,
 )
+from forging import forge
 
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms
@@ -54,24 +52,6 @@ from lifecycle_es.testing import START_MS, FakeClock, SequentialIds
 FleetLog = tuple[Path, dict[str, int]]
 # Events to forge, from the base dir and the time (epoch ms) they are stamped at.
 Forged = Callable[[str, int], list[Event]]
-
-
-@pytest.fixture(scope="module")
-def fleet_log(tmp_path_factory: pytest.TempPathFactory) -> FleetLog:
-    """The fleet log, sealed; tests that change it work on a copy."""
-    return fleet_in(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def keyed_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fleet log in a keyed store."""
-    return fleet_in(tmp_path_factory, key=KEY)[0]
-
-
-@pytest.fixture(scope="module")
-def long_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A log long enough for two chain workers."""
-    return long_in(tmp_path_factory)
 
 
 def test_a_whole_log_passes_and_the_summary_says_what_it_holds(fleet_log: FleetLog) -> None:

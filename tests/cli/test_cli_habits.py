@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli_logs import CLI, KEY, copy_store, fleet_in, long_in, one_error_line, run
+from fleets import CLI, KEY, copy_store, long_in, one_error_line, run
 
 from lifecycle_es import EventStore, ProxyAuthority, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms, parse_iso_ms
@@ -24,12 +24,6 @@ from lifecycle_es.replay import load
 
 FleetLog = tuple[Path, dict[str, int]]
 NEWLINE = b"\n"
-
-
-@pytest.fixture(scope="module")
-def fleet_log(tmp_path_factory: pytest.TempPathFactory) -> FleetLog:
-    """The fleet log, sealed; tests that write to it work on a copy."""
-    return fleet_in(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +102,7 @@ def test_short_options_are_the_long_ones(fleet_log: FleetLog, tmp_path: Path) ->
 
 def fleet_in_keyed(tmp_path: Path) -> Path:
     """A keyed fleet log of its own (rebuild and seal write to it)."""
-    from test_cli_logs import build_fleet
+    from fleets import build_fleet
 
     path = tmp_path / "keyed" / "fleet.db"
     path.parent.mkdir()
@@ -347,6 +341,6 @@ def test_every_exit_code_is_in_the_readme_and_the_audit_page(page: str) -> None:
 
     codes = {getattr(exits, name) for name in exits.__all__ if name.startswith("EXIT_")}
     assert {0, 64, 65, 66, 70, 73, 74, 75, 76, 77, 130} <= codes
-    text = (Path(__file__).resolve().parent.parent / page).read_text()
+    text = (Path(__file__).resolve().parents[2] / page).read_text()
     documented = {int(code) for code in re.findall(r"^\| (\d+) \| \S", text, flags=re.M)}
     assert documented == codes

@@ -1,0 +1,1 @@
+"""The host drivers: child processes and systemd units for real, run directories, parking, hostile units."""
