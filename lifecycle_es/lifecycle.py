@@ -105,7 +105,29 @@ def _generation(value: object, field: str) -> int:
 
 
 class RunnerLifecycle:
-    """One runner's lifecycle on an event store (one stream: the runner id)."""
+    """One runner's lifecycle on an event store (one stream: the runner id).
+
+    A handle is cheap: it validates its arguments at once (InvalidInputError naming the field) and
+    reads nothing until its first command. Several handles, in one process or many, may drive the same
+    runner: every command decides under the store's write lock against the log as it is then.
+
+    `store`: the `EventStore` the runner's events go to. `runner_id`: the runner's id, also its stream
+    (1-256 of ``A-Z a-z 0-9 . _ : @ + -``, starting alphanumeric). `target`: where it runs, one of
+    ``local``, ``wsl``, ``ssh``, ``container``. `base_dir`: the absolute directory its sessions work
+    under (normalized; up to 4096 characters); it is checked by a preflight (a real directory, not a
+    link, a probe file created, written, fsynced and removed) before every lease is granted or
+    refreshed, not when the handle is made. `resources`: `Resources` (or a mapping with exactly
+    ``cpu_seconds`` 1..86400 and ``memory_bytes`` 64 MiB..64 GiB), the limits every unit of the runner
+    runs under. `post_session_hook_digest`: ``sha256:<64 hex>`` of the post-session hook program's file,
+    the one hook `authorize_post_session_hook` may authorize. `target`, `base_dir`, `resources` and the
+    hook digest are recorded by `initialize`; a later handle naming another target or base dir for the
+    same runner is refused ("identity drifted"), and the recorded resources and hook digest are the
+    ones that apply. `now`: a zero-argument callable returning epoch milliseconds (default: the system
+    clock); an event is never stamped before the log's head, whatever it says. `random_id`: a
+    zero-argument callable returning the random part of a new lease id (default: a UUID's hex).
+    `preflight_base_dir`: replaces the base directory preflight (tests; a host that checks otherwise).
+    `snapshot_every`: take a snapshot of the runner's state every this many of its events (>= 1).
+    """
 
     def __init__(self, store: EventStore, *, runner_id: str, target: str, base_dir: str | os.PathLike[str],
                  resources: Resources | dict[str, int], post_session_hook_digest: str,

@@ -63,6 +63,7 @@ from lifecycle_es.events import (
     UnitStopped,
     UnitWakeRecorded,
 )
+from lifecycle_es.testing import FakeClock
 
 T0 = 1_700_000_000_000
 MAX_SAFE = 2**53 - 1
@@ -222,16 +223,6 @@ BASE_DIRS = plain(st.one_of(
 # --- the store under test -------------------------------------------------------------------------------
 
 
-class FakeClock:
-    """Epoch milliseconds that stand still: every proxy authority here stays fresh."""
-
-    def __init__(self, ms: int = T0) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-
 @dataclass
 class Rig:
     """A store with one accepting runner holding one active lease, whose unit's start its host announced;
@@ -269,7 +260,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     root = tmp_path_factory.mktemp("refused")
     base_dir = root / "base"
     base_dir.mkdir()
-    clock = FakeClock()
+    clock = FakeClock(T0)
     path = str(root / "runners.db")
     with EventStore.open(path, now=clock) as store:
         lifecycle = RunnerLifecycle(store, runner_id="runner-1", target="local", base_dir=str(base_dir),
@@ -680,7 +671,7 @@ class Leased:
 
 @pytest.fixture
 def leased(tmp_path: Path) -> Iterator[Leased]:
-    clock = FakeClock()
+    clock = FakeClock(T0)
     base_dir = tmp_path / "base"
     base_dir.mkdir()
     with EventStore.open(str(tmp_path / "one.db"), now=clock) as store:

@@ -41,6 +41,7 @@ from lifecycle_es import (
     assert_lease_authority,
     lifecycle_profile_from_lease,
 )
+from lifecycle_es.testing import FakeClock
 
 T0 = 1_700_000_000_000
 MIB = 1024 * 1024
@@ -70,19 +71,6 @@ def seed_receipt_digest(domain: str, material: object) -> str:
 
 
 # --- the world a test runs in ---------------------------------------------------------------------------
-
-
-class FakeClock:
-    """Epoch milliseconds that move only when the test says so."""
-
-    def __init__(self, ms: int = T0) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def advance(self, ms: int) -> None:
-        self.ms += ms
 
 
 @dataclass
@@ -120,7 +108,7 @@ class World:
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
-    clock = FakeClock()
+    clock = FakeClock(T0)
     base_dir = tmp_path / "base"
     base_dir.mkdir()
     with EventStore.open(str(tmp_path / "runners.db"), now=clock) as store:
@@ -1239,7 +1227,7 @@ def test_refresh_runs_the_preflight_too(world: World) -> None:
 @pytest.fixture
 def fast_world(tmp_path: Path) -> Iterator[World]:
     """A world for a thousand commands: no fsync per commit, no probe file per lease (not what is tested)."""
-    clock = FakeClock()
+    clock = FakeClock(T0)
     with EventStore.open(str(tmp_path / "runners.db"), now=clock, durability="normal") as store:
         yield World(store, clock, tmp_path, tmp_path)
 
