@@ -32,6 +32,7 @@ from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import UnitRecord, UnitStarted, UnitStarting, UnitStopped, UnitWakeRecorded
 from lifecycle_es.receipts import LeaseReceipt
+from lifecycle_es.testing import FakeClock
 
 HOOK = "sha256:" + "a" * 64
 # Enough for the host (about 40 MiB of address space) with room to spare; far below any file here.
@@ -40,26 +41,13 @@ GOOD = ("import signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *a: sys.ex
         "open('ready','w').close()\ntime.sleep(120)\n")
 
 
-class Clock:
-    """A fake epoch-ms clock that starts at the real time."""
-
-    def __init__(self) -> None:
-        self.ms = time.time_ns() // 1_000_000
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def advance(self, ms: int) -> None:
-        self.ms += ms
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(time.time_ns() // 1_000_000)  # real time: unit names and pids are real
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def runner(tmp_path: Path, clock: Clock) -> Iterator[tuple[EventStore, RunnerLifecycle]]:
+def runner(tmp_path: Path, clock: FakeClock) -> Iterator[tuple[EventStore, RunnerLifecycle]]:
     base = tmp_path / "base"
     base.mkdir()
     store = EventStore.open(tmp_path / "events.db")
@@ -81,7 +69,7 @@ def _kill_units(base: Path) -> None:
                 os.killpg(record["pid"], signal.SIGKILL)
 
 
-def lease(lifecycle: RunnerLifecycle, clock: Clock, session: str, ttl_ms: int = 600_000) -> LeaseReceipt:
+def lease(lifecycle: RunnerLifecycle, clock: FakeClock, session: str, ttl_ms: int = 600_000) -> LeaseReceipt:
     authority = ProxyAuthority(id="proxy-a", revision=1, issued_at=iso_ms(clock() - 1000),
                                expires_at=iso_ms(clock() + 3_600_000))
     return lifecycle.acquire_lease(session_id=session, expected_generation=lifecycle.snapshot().generation,

@@ -28,6 +28,7 @@ from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import UnitRecord
 from lifecycle_es.receipts import LeaseReceipt
+from lifecycle_es.testing import FakeClock
 
 TOKEN = "tok-7f3a9c-never-in-argv-or-env"
 HOOK = "sha256:" + "a" * 64
@@ -46,26 +47,13 @@ def ready(handle: UnitRecord) -> bool:
     return (Path(handle.run_dir) / "work" / "ready").exists()
 
 
-class Clock:
-    """A fake epoch-ms clock that starts at the real time (unit names and pids are real)."""
-
-    def __init__(self) -> None:
-        self.ms = time.time_ns() // 1_000_000
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def advance(self, ms: int) -> None:
-        self.ms += ms
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(time.time_ns() // 1_000_000)  # real time: unit names and pids are real
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def env(tmp_path: Path, clock: Clock) -> Iterator[tuple[EventStore, RunnerLifecycle, LocalHost]]:
+def env(tmp_path: Path, clock: FakeClock) -> Iterator[tuple[EventStore, RunnerLifecycle, LocalHost]]:
     base = tmp_path / "base"
     base.mkdir()
     store = EventStore.open(tmp_path / "events.db")
@@ -83,12 +71,12 @@ def env(tmp_path: Path, clock: Clock) -> Iterator[tuple[EventStore, RunnerLifecy
     store.close()
 
 
-def proxy(clock: Clock, revision: int = 1) -> ProxyAuthority:
+def proxy(clock: FakeClock, revision: int = 1) -> ProxyAuthority:
     return ProxyAuthority(id="proxy-a", revision=revision, issued_at=iso_ms(clock() - 1000),
                           expires_at=iso_ms(clock() + 3_600_000))
 
 
-def lease(lifecycle: RunnerLifecycle, clock: Clock, session: str, ttl_ms: int = 600_000) -> LeaseReceipt:
+def lease(lifecycle: RunnerLifecycle, clock: FakeClock, session: str, ttl_ms: int = 600_000) -> LeaseReceipt:
     generation = lifecycle.snapshot().generation
     return lifecycle.acquire_lease(session_id=session, expected_generation=generation, ttl_ms=ttl_ms,
                                    proxy_authority=proxy(clock))

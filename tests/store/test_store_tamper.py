@@ -19,6 +19,7 @@ from typing import Any
 
 import apsw
 import pytest
+from fleets import attack
 from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 
@@ -31,10 +32,8 @@ from lifecycle_es import (
     chain,
 )
 from lifecycle_es.events import Event, LeaseSettled, ReclaimCompleted, RunnerParked, encode, type_of
-from lifecycle_es.sqlite_schema import MIGRATIONS
 from lifecycle_es.testing import FakeClock
 
-TRIGGERS = [statement for statement in MIGRATIONS[1] if statement.startswith("CREATE TRIGGER")]
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
 COLUMNS = ("seq", "stream", "version", "type", "at", "body", "prev", "hash")
@@ -84,20 +83,6 @@ def copy_of(source: Path, directory: Path) -> Path:
     target = directory / f"{uuid.uuid4().hex}.db"
     shutil.copyfile(source, target)
     return target
-
-
-def attack(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
-    """Edit the file as an attacker would: a plain connection, triggers dropped first and put back after."""
-    conn = apsw.Connection(str(path))
-    try:
-        conn.execute("DROP TRIGGER IF EXISTS events_no_update")
-        conn.execute("DROP TRIGGER IF EXISTS events_no_delete")
-        for sql, params in statements:
-            conn.execute(sql, params)
-    finally:
-        for statement in TRIGGERS:
-            conn.execute(statement)
-        conn.close()
 
 
 def rows_of(path: Path) -> list[tuple[Any, ...]]:
