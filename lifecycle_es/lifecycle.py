@@ -41,6 +41,7 @@ from .events import (
     RunnerInitialized,
     RunnerParked,
 )
+from .fences import check_fresh, check_min_revision, check_poll, check_refresh
 from .log import RecordedEvent
 from .preflight import preflight_writable_directory
 from .receipts import (
@@ -62,10 +63,6 @@ from .runner import (
     MIN_TTL_MS,
     PARK_REASONS,
     apply,
-    check_fresh,
-    check_min_revision,
-    check_poll,
-    check_refresh,
     hook_receipt_material,
 )
 from .state import RunnerState

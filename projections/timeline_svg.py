@@ -9,7 +9,7 @@ Every bar, band and mark carries an SVG ``<title>`` that names its seq, so the p
 the log; classes and ``data-seq`` attributes say what each shape is, for tests and for tools.
 
 Every text from the log goes through `svg_text`: markup characters are escaped, and control, bidi
-and invisible characters are shown as ``\\uXXXX`` escapes (XML 1.0 cannot hold most controls at all,
+and invisible characters are shown as ``\\u202e``-style escapes (XML 1.0 cannot hold most controls at all,
 and a bidi override would make a lease id read as another).
 """
 
@@ -58,7 +58,7 @@ _MARKUP_RE = re.compile("[&<>\"']")
 
 
 def visible(text: str) -> str:
-    """`text` with control, bidi and invisible characters shown as ``\\xNN`` / ``\\uXXXX`` escapes."""
+    """`text` with control, bidi and invisible characters shown as ``\\x1b``-style / ``\\u202e``-style escapes."""
     return _HIDDEN.sub(lambda match: f"\\x{ord(match.group()):02x}" if ord(match.group()) < 0x100
                        else f"\\u{ord(match.group()):04x}", text)
 

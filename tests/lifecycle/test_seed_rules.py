@@ -1337,7 +1337,7 @@ def test_runners_sharing_a_store_stay_independent(world: World) -> None:
 def test_a_stale_authority_says_now_the_bound_and_the_miss(issued_s: int, expires_s: int, words: list[str]) -> None:
     from lifecycle_es import AuthorityError
     from lifecycle_es.canonical import iso_ms
-    from lifecycle_es.runner import check_fresh
+    from lifecycle_es.fences import check_fresh
     from lifecycle_es.testing import START_MS
 
     proxy = ProxyAuthority(id="proxy-1", revision=1, issued_at=iso_ms(START_MS + issued_s * 1000),

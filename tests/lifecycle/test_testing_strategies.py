@@ -20,8 +20,9 @@ import projections
 from lifecycle_es import EventStore, IntegrityError, LifecycleError, RunnerCapacityError, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms, parse_iso_ms
 from lifecycle_es.events import RunnerParked
+from lifecycle_es.fences import check_fresh
 from lifecycle_es.preflight import preflight_writable_directory
-from lifecycle_es.runner import apply, check_fresh
+from lifecycle_es.runner import apply
 from lifecycle_es.state import RunnerState
 from lifecycle_es.testing import (
     RUNNER_DEFAULTS,
