@@ -157,6 +157,8 @@ def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = No
         raise InvalidInputError("key", "key must be 32 bytes")
     seal_path = text_path(seal, "seal") if seal is not None else None
     if isinstance(target, EventStore):
+        if seal_path is None and os.path.lexists(target.path + ".seal"):
+            seal_path = target.path + ".seal"
         return _audit(target, key, seal_path, jobs, progress)
     path = text_path(target, "target")
     if seal_path is None and os.path.lexists(path + ".seal"):

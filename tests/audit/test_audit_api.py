@@ -33,6 +33,7 @@ def test_a_whole_log_reports_every_check_proved(fleet_log: tuple[Path, dict[str,
     assert report.streams == streams > 1
     assert report.checks["schema"] is True and report.checks["chain"] is True and report.checks["rules"] is True
     assert report.checks["read_models"] is True
+    assert report.checks["seal"] is True and report.seal is not None  # the seal beside the file, by default
 
 
 def test_an_open_store_can_be_audited_and_is_left_open(fleet_log: tuple[Path, dict[str, int]]) -> None:
@@ -40,6 +41,7 @@ def test_an_open_store_can_be_audited_and_is_left_open(fleet_log: tuple[Path, di
     with EventStore.open(path, read_only=True) as store:
         report = audit(store)
         assert report.ok and report.events == facts["head"]
+        assert report.checks["seal"] is True  # an open store's seal beside it is checked too
         assert store.head().seq == facts["head"]  # still usable
 
 
