@@ -336,7 +336,9 @@ class Reconciler(abc.ABC):
                      actions: list[Action]) -> None:
         self.lifecycle.record_host_facts([UnitExited(lease_id=view.lease_id, code=code, signal=sig, outcome=outcome)])
         view.phase, view.outcome = "exited", outcome
-        actions.append(Action(kind="exited", lease_id=view.lease_id, detail=f"{outcome} code={code} signal={sig}"))
+        ended = (f"killed by {sig}" if sig is not None else f"exit code {code}" if code is not None
+                 else "its end unknown")
+        actions.append(Action(kind="exited", lease_id=view.lease_id, detail=f"{outcome} ({ended})"))
 
     def _record_stop(self, view: UnitView, reason: str, actions: list[Action]) -> None:
         self.lifecycle.record_host_facts([UnitStopped(lease_id=view.lease_id, reason=reason)])

@@ -119,7 +119,16 @@ def test_a_killed_unit_parks_its_lease_lost_poll(env, clock) -> None:
     handle = host.start(receipt, command=[sys.executable, "-c", POLITE], token=TOKEN)
     host.start(other, command=[sys.executable, "-c", POLITE], token=TOKEN)
     os.kill(handle.pid, signal.SIGKILL)
-    assert wait_for(lambda: any(a.kind == "parked lost-poll" for a in host.reconcile()))
+    seen: list[tuple[str, str]] = []
+
+    def parked() -> bool:
+        actions = host.reconcile()
+        seen.extend((action.kind, action.detail) for action in actions)
+        return any(action.kind == "parked lost-poll" for action in actions)
+
+    assert wait_for(parked)
+    # Said as people read it (what `lifecycle-es host` prints), never as Python's reprs of the values.
+    assert ("exited", "lost-poll (killed by SIGKILL)") in seen
     assert lease_status(lifecycle, receipt.lease.id)[0] == "parked"
     assert lease_status(lifecycle, other.lease.id)[0] == "active"
     exited = [r.event for r in store.read() if r.type == "UnitExited"]
