@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .canonical import MAX_EPOCH_MS, iso_ms, parse_iso_ms, receipt_digest
-from .errors import InvalidInputError, LifecycleError, PreflightError, StaleFenceError
+from .errors import InvalidInputError, LifecycleError, PreflightError
 from .events import (
     RUNNER_SCHEMA,
     UNIT_EVENTS,
@@ -41,7 +41,7 @@ from .events import (
     RunnerInitialized,
     RunnerParked,
 )
-from .fences import check_fresh, check_min_revision, check_poll, check_refresh
+from .fences import check_drain_park, check_fresh, check_identity, check_poll, check_refresh
 from .log import RecordedEvent
 from .preflight import preflight_writable_directory
 from .receipts import (
@@ -89,12 +89,12 @@ def _random_hex() -> str:
 def normalize_base_dir(base_dir: object) -> str:
     """An absolute, normalized base directory (1..4096 characters, no NUL nor lone surrogate), or InvalidInputError."""
     if not isinstance(base_dir, str | os.PathLike):
-        raise InvalidInputError("base_dir", f"runner baseDir is invalid: {type(base_dir).__name__} is not a path")
+        raise InvalidInputError("base_dir", f"runner base_dir is invalid: {type(base_dir).__name__} is not a path")
     text = os.fspath(base_dir)
     if not isinstance(text, str) or "\0" in text or not 1 <= len(text) <= MAX_PATH_CHARS:
-        raise InvalidInputError("base_dir", "runner baseDir is invalid: empty, too long, or holds NUL")
+        raise InvalidInputError("base_dir", "runner base_dir is invalid: empty, too long, or holds NUL")
     # The very check the rules hold a recorded base dir to, on the path as resolved.
-    return safe_path(os.path.abspath(text), "base_dir", "runner baseDir")
+    return safe_path(os.path.abspath(text), "base_dir", "runner base_dir")
 
 
 def _generation(value: object, field: str) -> int:
@@ -188,15 +188,7 @@ class RunnerLifecycle:
         return state
 
     def _check_identity(self, state: RunnerState) -> None:
-        """LifecycleError unless the recorded runner is this handle's (the original's ``validateState(draft, this)``).
-
-        The original checks it on every read and mutation, not only in initialize: a handle configured with
-        another target or base dir must not grant leases whose receipts name the recorded one.
-        """
-        if state.runner_id != self.runner_id or state.target != self.target or state.base_dir != self.base_dir:
-            raise LifecycleError(f"runner lifecycle identity drifted (runner {self.runner_id}: recorded target "
-                                 f"{state.target} base_dir {state.base_dir!r}, given target {self.target} "
-                                 f"base_dir {self.base_dir!r})")
+        check_identity(state, self.runner_id, self.target, self.base_dir)
 
     def _commit(self, action: str, decide: Callable[[RunnerState, int, str], list[Event]],
                 ) -> tuple[RunnerState, list[RecordedEvent]]:
@@ -351,8 +343,6 @@ class RunnerLifecycle:
         proxy = ProxyAuthority.coerce(proxy_authority)
         state = self._state()
         now_ms = self._clock()
-        check_min_revision(proxy, state.proxy_authority.revision)
-        check_fresh(proxy, now_ms)
         lease = check_refresh(state, lease_id=lease_id, lease_generation=lease_generation,
                               expected_generation=expected_generation, proxy=proxy, now_ms=now_ms)
         self._preflight_base_dir()
@@ -410,9 +400,8 @@ class RunnerLifecycle:
         parked: list[int] = []
 
         def decide(state: RunnerState, now_ms: int, at: str) -> list[Event]:
-            if state.state != "draining" or state.generation != expected_generation or state.drain is None:
-                raise StaleFenceError(f"execution location drain is not ready to park (runner {state.state} at "
-                                      f"generation {state.generation}, expected_generation {expected_generation})")
+            check_drain_park(state, expected_generation)
+            assert state.drain is not None
             active = tuple(lease.id for lease in state.leases if lease.status == "active")
             parked.append(len(active))
             return [DrainExpired(lease_ids=active, deadline_at=state.drain.deadline_at)]
