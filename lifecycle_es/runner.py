@@ -179,7 +179,7 @@ def _initialized_again(draft: RunnerDraft, event: RunnerInitialized, at_ms: int,
 
 
 def _bound(draft: RunnerDraft, proxy: ProxyAuthority) -> ProxyRef:
-    current = draft.proxy_authority
+    current: ProxyRef = draft.proxy_authority
     if current.id == proxy.id and current.revision == proxy.revision:
         return current  # the same value: spare making it again
     return ProxyRef(id=proxy.id, revision=proxy.revision)
