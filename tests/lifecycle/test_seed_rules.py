@@ -351,8 +351,11 @@ def test_base_dir_is_resolved_and_bounded(world: World, monkeypatch: pytest.Monk
     assert world.runner(base_dir="base").base_dir == str(world.base_dir)
     assert world.runner(base_dir=str(world.base_dir) + "/./sub/..").base_dir == str(world.base_dir)
     # A lone surrogate (an undecodable byte smuggled in by surrogateescape) has no UTF-8 form to record.
-    for bad in ("", "/a\0b", "/" + "a" * 4096, "/srv/\udc80", "rel\ud800"):
-        with refused(world, InvalidInputError, "runner base_dir is invalid") as info:
+    # Each refused path, and the one cause its message names.
+    for bad, cause in (("", "it is empty"), ("/a\0b", "holds NUL"),
+                       ("/" + "a" * 4096, "4097 characters, more than 4096"),
+                       ("/srv/\udc80", "is not valid text"), ("rel\ud800", "is not valid text")):
+        with refused(world, InvalidInputError, "runner base_dir is invalid: ", cause) as info:
             world.runner(base_dir=bad)
         assert info.value.field == "base_dir"
 
@@ -1215,9 +1218,9 @@ def test_initialize_keeps_the_recorded_resources_and_hook(world: World) -> None:
 
 def test_commands_need_an_initialized_runner(world: World) -> None:
     lifecycle = world.runner()
-    with refused(world, UnknownRunnerError, "runner-1"):
+    with refused(world, UnknownRunnerError, "runner runner-1 is not initialized (call initialize() first)"):
         lifecycle.snapshot()
-    with refused(world, UnknownRunnerError, "runner-1"):
+    with refused(world, UnknownRunnerError, "runner runner-1 is not initialized (call initialize() first)"):
         lifecycle.request_drain(expected_generation=1)
 
 
