@@ -104,6 +104,29 @@ def bound_to(ref: ProxyRef) -> str:
     return f"the runner is bound to {ref.id}"
 
 
+# From each state, the way to a parked runner (which a reclaim begins from).
+WAY_TO_PARK = {
+    "accepting": " (request_drain first)",
+    "draining": " (settle or park its leases, or call park_expired_drain after the deadline)",
+    "reclaiming": " (it is reclaiming already: call complete_reclaim)",
+}
+# From each state, the way back to accepting (where leases are granted).
+WAY_BACK = {
+    "draining": " (a drained runner parks, then begin_reclaim and complete_reclaim accept again)",
+    "parked": " (begin_reclaim and complete_reclaim accept again)",
+    "reclaiming": " (complete_reclaim accepts again)",
+}
+
+
+def session_lease(draft: RunnerDraft, session_id: str) -> str:
+    """The id of the active lease `session_id` holds (a scan: only a refusal needs it)."""
+    for lease_id in draft.active_ids():
+        lease = draft.lease(lease_id)
+        if lease is not None and lease.session_id == session_id:
+            return lease_id
+    return "a lease"
+
+
 def stale_generation(phrase: str, field: str, given: object, current: int) -> StaleFenceError:
     """The refusal of a generation the runner is not at: `field` is the argument that named it."""
     return StaleFenceError(f"{phrase}: {field} is {named(given)} but the runner is at generation {current} "

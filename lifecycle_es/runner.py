@@ -47,12 +47,15 @@ from .events import (
 from .fences import (
     DRAIN_NOT_READY,
     HOOK_STALE,
+    WAY_BACK,
+    WAY_TO_PARK,
     bound_to,
     check_fresh,
     check_min_revision,
     held_lease,
     hook_refusal,
     named,
+    session_lease,
     span,
     stale_generation,
     stale_state,
@@ -185,40 +188,17 @@ def _bound(draft: RunnerDraft, proxy: ProxyAuthority) -> ProxyRef:
     return ProxyRef(id=proxy.id, revision=proxy.revision)
 
 
-def _session_lease(draft: RunnerDraft, session_id: str) -> str:
-    """The id of the active lease `session_id` holds (a scan: only a refusal needs it)."""
-    for lease_id in draft.active_ids():
-        lease = draft.lease(lease_id)
-        if lease is not None and lease.session_id == session_id:
-            return lease_id
-    return "a lease"
-
-
-# From each state, the way to a parked runner (which a reclaim begins from).
-_WAY_TO_PARK = {
-    "accepting": " (request_drain first)",
-    "draining": " (settle or park its leases, or call park_expired_drain after the deadline)",
-    "reclaiming": " (it is reclaiming already: call complete_reclaim)",
-}
-# From each state, the way back to accepting (where leases are granted).
-_WAY_BACK = {
-    "draining": " (a drained runner parks, then begin_reclaim and complete_reclaim accept again)",
-    "parked": " (begin_reclaim and complete_reclaim accept again)",
-    "reclaiming": " (complete_reclaim accepts again)",
-}
-
-
 def _lease_acquired(draft: RunnerDraft, event: LeaseAcquired, at_ms: int, at: str) -> None:
     proxy = event.proxy_authority
     check_fresh(proxy, at_ms)  # first: a stale authority is refused before any fence, whatever else is wrong
     if draft.state != "accepting":
         raise stale_state(NOT_ACCEPTING, draft.state, "leases are granted only while it is accepting"
-                          f"{_WAY_BACK.get(draft.state, '')}")
+                          f"{WAY_BACK.get(draft.state, '')}")
     if draft.generation != event.lease_generation:
         raise stale_generation(NOT_ACCEPTING, "expected_generation", event.lease_generation, draft.generation)
     if draft.session_active(event.session_id):
         raise StaleFenceError(f"execution location session already has an active lease: session "
-                              f"{named(event.session_id)} holds {_session_lease(draft, event.session_id)} (settle "
+                              f"{named(event.session_id)} holds {session_lease(draft, event.session_id)} (settle "
                               "or park it first)")
     bound = draft.proxy_authority
     if bound.id not in ("unbound", proxy.id):
@@ -331,8 +311,8 @@ def _drain_expired(draft: RunnerDraft, event: DrainExpired, at_ms: int, at: str)
     deadline = parse_iso_ms(drain.deadline_at)
     if deadline > at_ms:
         raise StaleFenceError(f"{DRAIN_NOT_READY}: its deadline {drain.deadline_at} is {span(deadline - at_ms)} "
-                              f"after now ({at}) (call park_expired_drain again then, or settle or park the active "
-                              "leases)")
+                              f"after now ({at}): call park_expired_drain again then, or settle or park the active "
+                              "leases")
     if event.deadline_at != drain.deadline_at:
         raise LifecycleError(f"drain deadline {named(event.deadline_at)} is not the runner's {drain.deadline_at}")
     if tuple(event.lease_ids) != draft.active_ids():
@@ -366,7 +346,7 @@ def _reclaim_begun(draft: RunnerDraft, event: ReclaimBegun, at_ms: int, at: str)
     check_fresh(proxy, at_ms)
     if draft.state != "parked":
         raise stale_state(RECLAIM_STALE, draft.state, "a reclaim begins once it is parked"
-                          f"{_WAY_TO_PARK.get(draft.state, '')}")
+                          f"{WAY_TO_PARK.get(draft.state, '')}")
     if event.generation != draft.generation + 1:
         raise stale_generation(RECLAIM_STALE, "expected_generation", event.generation - 1, draft.generation)
     if proxy.id != draft.proxy_authority.id:
