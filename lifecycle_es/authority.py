@@ -2,8 +2,8 @@
 
 `lifecycle_profile_from_lease(receipt)` cuts the profile a session carries from its lease receipt.
 `assert_lease_authority(profile, target)` opens the authority file the profile names, read-only,
-rebuilds the runner from its events and checks that the profile still holds: the original's
-``assertExecutionLocationRunnerLeaseAuthority``.
+rebuilds the runner from its events and checks that the profile still holds (the fences of
+``fences.py``: the identity first, then what may have moved on since the receipt was issued).
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from typing import Any
 
 import msgspec
 
-from .canonical import MAX_EPOCH_MS, parse_iso_ms
+from .canonical import MAX_EPOCH_MS
 from .errors import InvalidInputError, LifecycleError, StaleFenceError
+from .fences import AUTHORITY_STALE, check_identity, check_lease_authority, named
 from .receipts import LeaseAuthority, LeaseProfile, LeaseReceipt, LeaseRef
 from .replay import load
 from .store import EventStore
-from .values import safe_id, safe_target
+from .values import safe_id, safe_target, shown
 
 
 def lifecycle_profile_from_lease(receipt: LeaseReceipt) -> LeaseProfile:
@@ -51,38 +52,33 @@ def assert_lease_authority(profile: LeaseProfile | Mapping[str, Any], target: st
                            now: Callable[[], int] | None = None) -> LeaseAuthority:
     """Check that `profile` still holds authority on `target`, reading its authority file read-only.
 
-    Raises StaleFenceError ("runner lease authority is stale") when the runner moved on: not
-    accepting, another generation, other resources, proxy or hook, or the lease ended or expired.
-    A different runner, target or base dir is a LifecycleError ("identity drifted").
+    Raises StaleFenceError ("runner lease authority is stale", and the one cause) when the runner
+    moved on: not accepting, another generation, other resources, proxy authority or hook, or the
+    lease ended, was replaced or expired. A different runner, target or base dir is a LifecycleError
+    ("identity drifted"). `now`: a zero-argument callable returning epoch milliseconds (default: the
+    system clock).
     """
     profile = _profile(profile)
     target = safe_target(target)
     path = profile.authority_file
     if not isinstance(path, str) or not os.path.isabs(path) or len(path) > 4096 or "\0" in path:
-        raise InvalidInputError("profile.authority_file", "runner authority file is invalid: not an absolute path")
+        raise InvalidInputError("profile.authority_file", f"runner authority file is invalid: {shown(path)} is not "
+                                                          "an absolute path (take the profile from a lease receipt)")
     safe_id(profile.runner_id, "profile.runner_id")
     if now is not None and not callable(now):
-        raise InvalidInputError("now", "now must be a callable returning epoch milliseconds")
+        raise InvalidInputError("now", f"now must be a callable returning epoch milliseconds, got "
+                                       f"{type(now).__name__}")
     with EventStore.open(os.path.normpath(path), read_only=True) as store:
         state = load(store, profile.runner_id).state
     if state is None:
-        raise StaleFenceError(f"execution location runner lease authority is stale (runner {profile.runner_id} "
-                              "has no events)")
-    if state.runner_id != profile.runner_id or state.target != target or state.base_dir != profile.base_dir.path:
-        raise LifecycleError(f"runner lifecycle identity drifted (runner {profile.runner_id} on {target})")
+        raise StaleFenceError(f"{AUTHORITY_STALE} (lease_id {named(profile.lease.id)}): runner {profile.runner_id} "
+                              f"has no events in {shown(path)} (the profile names another store, or a runner never "
+                              "initialized)")
+    check_identity(state, profile.runner_id, target, profile.base_dir.path)
     now_ms = (now or (lambda: time.time_ns() // 1_000_000))()
     if type(now_ms) is not int or not 0 <= now_ms <= MAX_EPOCH_MS:
-        raise InvalidInputError("now", f"now() must return epoch milliseconds as an int, got {now_ms!r}")
-    lease = state.lease(profile.lease.id)
-    if (state.state != "accepting" or state.generation != profile.generation
-            or state.resources != profile.resources
-            or state.proxy_authority.id != profile.proxy_authority.id
-            or state.proxy_authority.revision != profile.proxy_authority.revision
-            or state.post_session_hook_digest != profile.post_session_hook.digest
-            or lease is None or lease.status != "active" or lease.generation != profile.lease.generation
-            or lease.expires_at != profile.lease.expires_at or parse_iso_ms(lease.expires_at) <= now_ms):
-        raise StaleFenceError(f"execution location runner lease authority is stale (lease_id {profile.lease.id}, "
-                              f"runner {state.state} at generation {state.generation})")
+        raise InvalidInputError("now", f"now() must return epoch milliseconds as an int, got {shown(now_ms)}")
+    lease = check_lease_authority(state, profile, now_ms)
     return LeaseAuthority(runner_id=state.runner_id, target=state.target, state=state.state,
                           generation=state.generation, lease_id=lease.id, lease_generation=lease.generation,
                           proxy_authority=state.proxy_authority)

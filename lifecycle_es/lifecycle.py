@@ -1,4 +1,4 @@
-"""`RunnerLifecycle`: the original's runner lifecycle, with every transition an event in the log.
+"""`RunnerLifecycle`: a runner's lifecycle, with every transition an event in the log.
 
     lifecycle = RunnerLifecycle(store, runner_id="runner-1", target="local", base_dir="/srv/runner",
                                 resources=Resources(cpu_seconds=600, memory_bytes=2 << 30),
@@ -7,24 +7,19 @@
     receipt = lifecycle.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy)
 
 A command validates its input (InvalidInputError, nothing appended), runs the base directory
-preflight where the original does, then decides under the store's write lock: it catches the runner's
-state up with the log (another process may have moved it), builds the events, applies them through
-the rules in ``runner.py`` (which raise the original's error kinds) and appends them with the stream's
-version as the expected version, all in one transaction. The state stays in memory between commands,
-so a command costs the same however long the log is. Read-only commands (`snapshot`, `assert_poll`,
-`refresh_lease_authority`) append nothing.
+preflight before a lease is granted or refreshed, then decides in the handle's transaction
+(``handle.py``): under the store's write lock, against the runner's state caught up with the log,
+through the rules in ``runner.py`` and the fences in ``fences.py``, each refusal naming its one cause.
+The state stays in memory between commands, so a command costs the same however long the log is.
+Read-only commands (`snapshot`, `state`, `assert_poll`, `refresh_lease_authority`) append nothing.
 """
 
 from __future__ import annotations
 
-import os
-import time
-import uuid
-from collections.abc import Callable
 from typing import Any
 
-from .canonical import MAX_EPOCH_MS, iso_ms, parse_iso_ms, receipt_digest
-from .errors import InvalidInputError, LifecycleError, PreflightError, StaleFenceError
+from .canonical import iso_ms, parse_iso_ms, receipt_digest
+from .errors import InvalidInputError
 from .events import (
     RUNNER_SCHEMA,
     UNIT_EVENTS,
@@ -39,11 +34,10 @@ from .events import (
     ReclaimBegun,
     ReclaimCompleted,
     RunnerInitialized,
-    RunnerParked,
 )
-from .fences import check_fresh, check_min_revision, check_poll, check_refresh
+from .fences import check_drain_park, check_fresh, check_poll, check_refresh
+from .handle import RunnerHandle, UnknownRunnerError
 from .log import RecordedEvent
-from .preflight import preflight_writable_directory
 from .receipts import (
     DrainParkSnapshot,
     HookReceipt,
@@ -54,7 +48,7 @@ from .receipts import (
     lease_receipt,
     project,
 )
-from .replay import EMPTY, Folded, load, write_snapshot
+from .replay import Folded
 from .runner import (
     HOOK_DOMAIN,
     MAX_DRAIN_MS,
@@ -66,42 +60,19 @@ from .runner import (
     hook_receipt_material,
 )
 from .state import RunnerState
-from .store import EventStore, _WriteTransaction
-from .values import MAX_PATH_CHARS, ProxyAuthority, Resources, safe_digest, safe_id, safe_int, safe_path, safe_target
+from .values import ProxyAuthority, safe_digest, safe_id, safe_int, shown
 
 DEFAULT_TTL_MS = 10 * 60 * 1000
 DEFAULT_DRAIN_MS = 30_000
-DEFAULT_SNAPSHOT_EVERY = 64
 
-
-class UnknownRunnerError(LifecycleError):
-    """The runner has no events yet: call `initialize` first."""
-
-
-def _system_clock() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _random_hex() -> str:
-    return uuid.uuid4().hex
-
-
-def normalize_base_dir(base_dir: object) -> str:
-    """An absolute, normalized base directory (1..4096 characters, no NUL nor lone surrogate), or InvalidInputError."""
-    if not isinstance(base_dir, str | os.PathLike):
-        raise InvalidInputError("base_dir", f"runner baseDir is invalid: {type(base_dir).__name__} is not a path")
-    text = os.fspath(base_dir)
-    if not isinstance(text, str) or "\0" in text or not 1 <= len(text) <= MAX_PATH_CHARS:
-        raise InvalidInputError("base_dir", "runner baseDir is invalid: empty, too long, or holds NUL")
-    # The very check the rules hold a recorded base dir to, on the path as resolved.
-    return safe_path(os.path.abspath(text), "base_dir", "runner baseDir")
+__all__ = ["DEFAULT_DRAIN_MS", "DEFAULT_TTL_MS", "RunnerLifecycle", "UnknownRunnerError"]
 
 
 def _generation(value: object, field: str) -> int:
     return safe_int(value, field, 1)
 
 
-class RunnerLifecycle:
+class RunnerLifecycle(RunnerHandle):
     """One runner's lifecycle on an event store (one stream: the runner id).
 
     A handle is cheap: it validates its arguments at once (InvalidInputError naming the field) and
@@ -126,136 +97,6 @@ class RunnerLifecycle:
     `snapshot_every`: take a snapshot of the runner's state every this many of its events (>= 1).
     """
 
-    def __init__(self, store: EventStore, *, runner_id: str, target: str, base_dir: str | os.PathLike[str],
-                 resources: Resources | dict[str, int], post_session_hook_digest: str,
-                 now: Callable[[], int] | None = None, random_id: Callable[[], str] | None = None,
-                 preflight_base_dir: Callable[[str], None] | None = None,
-                 snapshot_every: int = DEFAULT_SNAPSHOT_EVERY) -> None:
-        if not isinstance(store, EventStore):
-            raise InvalidInputError("store", f"store must be an EventStore, got {type(store).__name__}")
-        self.store = store
-        self.runner_id = safe_id(runner_id, "runner_id")
-        self.target = safe_target(target)
-        self.base_dir = normalize_base_dir(base_dir)
-        self.resources = Resources.coerce(resources)
-        self.post_session_hook_digest = safe_digest(post_session_hook_digest, "post_session_hook_digest")
-        for name, value in (("now", now), ("random_id", random_id), ("preflight_base_dir", preflight_base_dir)):
-            if value is not None and not callable(value):
-                raise InvalidInputError(name, f"runner {name} must be a function")
-        self._now = now or _system_clock
-        self._random_id = random_id or _random_hex
-        self._preflight = preflight_base_dir or (lambda path: preflight_writable_directory(path, self._random_id))
-        self._snapshot_every = safe_int(snapshot_every, "snapshot_every", 1)
-        self._folded: Folded = EMPTY
-
-    def __repr__(self) -> str:
-        state = self._folded.state
-        shown = f"{state.state} at generation {state.generation}" if state else "not loaded"
-        return f"RunnerLifecycle({self.runner_id!r}, {self.target}, {shown}, version {self._folded.version})"
-
-    # --- plumbing ------------------------------------------------------------------------------------
-
-    def _clock(self) -> int:
-        value = self._now()
-        if type(value) is not int or not 0 <= value <= MAX_EPOCH_MS:
-            raise InvalidInputError("now", f"now() must return epoch milliseconds as an int, got {value!r}")
-        return value
-
-    def clock(self) -> int:
-        """The lifecycle's clock now, in epoch milliseconds (checked: an int in range)."""
-        return self._clock()
-
-    def _catch_up(self, tx: _WriteTransaction | None = None) -> Folded:
-        """The runner's state as of the log's current end (reads only the events this handle has not seen).
-
-        Inside a write transaction `tx` the stream's version is read through it, under the lock, and
-        the append that follows reuses that read instead of making it again.
-        """
-        folded = self._folded
-        if folded.state is None:
-            folded = load(self.store, self.runner_id)
-        elif (tx.stream_version(self.runner_id) if tx is not None
-              else self.store.stream_version(self.runner_id)) != folded.version:
-            folded = load(self.store, self.runner_id, base=folded)
-        self._folded = folded
-        return folded
-
-    def _state(self) -> RunnerState:
-        state = self._catch_up().state
-        if state is None:
-            raise UnknownRunnerError(f"runner {self.runner_id} is not initialized")
-        self._check_identity(state)
-        return state
-
-    def _check_identity(self, state: RunnerState) -> None:
-        """LifecycleError unless the recorded runner is this handle's (the original's ``validateState(draft, this)``).
-
-        The original checks it on every read and mutation, not only in initialize: a handle configured with
-        another target or base dir must not grant leases whose receipts name the recorded one.
-        """
-        if state.runner_id != self.runner_id or state.target != self.target or state.base_dir != self.base_dir:
-            raise LifecycleError(f"runner lifecycle identity drifted (runner {self.runner_id}: recorded target "
-                                 f"{state.target} base_dir {state.base_dir!r}, given target {self.target} "
-                                 f"base_dir {self.base_dir!r})")
-
-    def _commit(self, action: str, decide: Callable[[RunnerState, int, str], list[Event]],
-                ) -> tuple[RunnerState, list[RecordedEvent]]:
-        """Decide under the write lock against the current state, apply through the rules, append."""
-        with self.store.transaction(action) as tx:
-            current = self._catch_up(tx)
-            if current.state is None:
-                raise UnknownRunnerError(f"runner {self.runner_id} is not initialized")
-            self._check_identity(current.state)
-            now_ms = self._stamp(tx, current.state)
-            at = iso_ms(now_ms)
-            events = decide(current.state, now_ms, at)
-            state = current.state
-            for event in events:
-                state = apply(state, event, now_ms, at)
-            if state.pending_park is not None:
-                # A consequence is its own event in the same transaction: the rules say a park is due.
-                parked = RunnerParked(cause=state.pending_park, generation=state.generation + 1)
-                state = apply(state, parked, now_ms, at)
-                events.append(parked)
-            # Decided through the rules above, under this lock: appended as decided.
-            recorded = tx.append_unchecked(self.runner_id, events, expected_version=current.version, at=at)
-            folded = Folded(state, recorded[-1].version, recorded[-1].seq)
-            if folded.version // self._snapshot_every > current.version // self._snapshot_every:
-                write_snapshot(self.store, self.runner_id, folded, recorded[-1].hash)
-        self._folded = folded
-        return state, recorded
-
-    def _stamp(self, tx: _WriteTransaction, state: RunnerState | None) -> int:
-        """The time a command's events are stamped: the clock, but never before the log's head or the
-        stream's last event (a clock stepped back must neither stop the commands nor run the log backwards).
-
-        Read under the write lock, so no event can land before this one with a later stamp.
-        """
-        now_ms = self._clock()
-        head_at = tx.head_at()  # answered from the tail `_catch_up` just read: no second query
-        if head_at:
-            now_ms = max(now_ms, parse_iso_ms(head_at))
-        if state is not None:
-            now_ms = max(now_ms, parse_iso_ms(state.last_at or state.updated_at))
-        return now_ms
-
-    def _preflight_base_dir(self) -> None:
-        try:
-            self._preflight(self.base_dir)
-        except LifecycleError:
-            raise
-        except OSError as exc:
-            raise PreflightError(f"execution location base directory preflight failed (base_dir "
-                                 f"{self.base_dir!r}: {exc.strerror or exc})") from None
-
-    def _lease_id(self) -> str:
-        value = self._random_id()
-        if not isinstance(value, str):
-            raise InvalidInputError("random_id", f"random_id() must return a str, got {type(value).__name__}")
-        return safe_id(f"lease-{value}", "random_id")
-
-    # --- commands ------------------------------------------------------------------------------------
-
     def initialize(self) -> RunnerSnapshot:
         """Create the runner (accepting, generation 1) or, when it exists, check its identity.
 
@@ -279,7 +120,7 @@ class RunnerLifecycle:
         return project(made)
 
     def snapshot(self) -> RunnerSnapshot:
-        """The runner's current snapshot (the original's ``project()``), caught up with the log."""
+        """The runner's current snapshot (counts, not leases), caught up with the log."""
         return project(self._state())
 
     def state(self) -> RunnerState:
@@ -298,8 +139,8 @@ class RunnerLifecycle:
         session_id = safe_id(session_id, "session_id")
         expected_generation = _generation(expected_generation, "expected_generation")
         proxy = ProxyAuthority.coerce(proxy_authority)
-        # The original validates the proxy authority, freshness included, before the ttl and every fence:
-        # a stale authority is an AuthorityError even when the generation is stale too.
+        # The proxy authority, freshness included, is checked before the ttl and every fence: a stale
+        # authority is an AuthorityError even when the generation is stale too.
         check_fresh(proxy, self._clock())
         ttl_ms = safe_int(ttl_ms, "ttl_ms", MIN_TTL_MS, MAX_TTL_MS)
         lease_id = self._lease_id()
@@ -351,8 +192,6 @@ class RunnerLifecycle:
         proxy = ProxyAuthority.coerce(proxy_authority)
         state = self._state()
         now_ms = self._clock()
-        check_min_revision(proxy, state.proxy_authority.revision)
-        check_fresh(proxy, now_ms)
         lease = check_refresh(state, lease_id=lease_id, lease_generation=lease_generation,
                               expected_generation=expected_generation, proxy=proxy, now_ms=now_ms)
         self._preflight_base_dir()
@@ -363,11 +202,10 @@ class RunnerLifecycle:
                       signal: str = "SIGTERM") -> RunnerSnapshot:
         """Stop accepting and ask units to finish by a deadline; generation +1.
 
-        With no active lease the runner parks at once (an improvement on the original, where such a
-        drain waited for a deadline with nothing to wait for).
+        With no active lease the runner parks at once (a drain has nothing to wait for then).
         """
         if signal != "SIGTERM":
-            raise InvalidInputError("signal", f"runner drain requires SIGTERM, got {signal!r}")
+            raise InvalidInputError("signal", f"runner drain requires SIGTERM, got {shown(signal)}")
         expected_generation = _generation(expected_generation, "expected_generation")
         timeout_ms = safe_int(timeout_ms, "timeout_ms", MIN_DRAIN_MS, MAX_DRAIN_MS)
 
@@ -393,7 +231,8 @@ class RunnerLifecycle:
         """End an active lease without finishing (checkout-failure, lost-poll, resource-limit)."""
         result_digest = safe_digest(result_digest, "result_digest")
         if reason not in PARK_REASONS:
-            raise InvalidInputError("reason", f"execution location park reason is invalid: {reason!r}")
+            raise InvalidInputError("reason", f"execution location park reason is invalid: {shown(reason)} is not one "
+                                              f"of {', '.join(PARK_REASONS)}")
         lease_id = safe_id(lease_id, "lease_id")
         lease_generation = _generation(lease_generation, "lease_generation")
 
@@ -410,9 +249,8 @@ class RunnerLifecycle:
         parked: list[int] = []
 
         def decide(state: RunnerState, now_ms: int, at: str) -> list[Event]:
-            if state.state != "draining" or state.generation != expected_generation or state.drain is None:
-                raise StaleFenceError(f"execution location drain is not ready to park (runner {state.state} at "
-                                      f"generation {state.generation}, expected_generation {expected_generation})")
+            check_drain_park(state, expected_generation)
+            assert state.drain is not None
             active = tuple(lease.id for lease in state.leases if lease.status == "active")
             parked.append(len(active))
             return [DrainExpired(lease_ids=active, deadline_at=state.drain.deadline_at)]

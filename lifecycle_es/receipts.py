@@ -1,8 +1,8 @@
 """What the lifecycle's commands return: frozen snapshots, receipts and authorities.
 
-Field names are the snake_case of the original's. Receipt digests are computed over the original's camelCase
-material with the original's domain strings, so a receipt from this library digests the same as one
-from the JavaScript original (a host being ported can compare them).
+Receipt digests are sha256 over a domain string and the canonical JSON of the receipt's material,
+whose keys are camelCase: a receipt from this library digests the same as one from the JavaScript
+runner lifecycle it follows, so a host being ported can compare them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ BASE_DIR_DOMAIN = "chainlesschain.execution-location.base-dir.v1\x00"
 
 
 class RunnerSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """A runner as the original's ``project()`` shows it."""
+    """A runner as callers see it: its fields and lease counts, not its leases."""
 
     schema: str
     runner_id: str
@@ -114,7 +114,7 @@ class LeaseRef(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LeaseProfile(msgspec.Struct, frozen=True, kw_only=True):
-    """The lifecycle profile a session carries (the original's ``lifecycleProfileFromLease``)."""
+    """The lifecycle profile a session carries, cut from its lease receipt by `lifecycle_profile_from_lease`."""
 
     runner_id: str
     authority_file: str
@@ -140,7 +140,7 @@ class LeaseAuthority(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def base_dir_digest(base_dir: str) -> str:
-    """The original's digest of a base directory path."""
+    """The digest of a base directory path a snapshot shows (the path itself stays out of it)."""
     if type(base_dir) is str:
         return _base_dir_digest(base_dir)
     return receipt_digest(BASE_DIR_DOMAIN, base_dir)
@@ -153,7 +153,7 @@ def _base_dir_digest(base_dir: str) -> str:
 
 
 def project(state: RunnerState) -> RunnerSnapshot:
-    """The original's ``project()``: a runner's public snapshot from its state."""
+    """A runner's public snapshot from its state."""
     # The counts come from the state's lease index (kept as events are folded), not a scan of its leases.
     active, parked, settled = lease_counts(state)
     return RunnerSnapshot(
@@ -166,7 +166,7 @@ def project(state: RunnerState) -> RunnerSnapshot:
 
 
 def lease_material(lease: Lease) -> dict[str, Any]:
-    """A lease in the original's camelCase shape."""
+    """A lease as a receipt's material holds it (camelCase keys)."""
     return {
         "id": lease.id,
         "sessionId": lease.session_id,
@@ -181,7 +181,7 @@ def lease_material(lease: Lease) -> dict[str, Any]:
 
 def lease_receipt(*, state: RunnerState, authority_file: str, runner_generation: int, lease: Lease,
                   proxy: ProxyAuthority) -> LeaseReceipt:
-    """Build a lease receipt and its digest over the original's material."""
+    """Build a lease receipt and its digest over its camelCase material."""
     material = {
         "runnerId": state.runner_id,
         "target": state.target,

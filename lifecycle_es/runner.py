@@ -1,21 +1,22 @@
 """The runner's state and its transition rules: pure, no I/O, no clock.
 
 `apply(state, event, at_ms)` folds one event into a runner's state and checks, as it does, every rule
-of the original that the event must have obeyed: the command path builds events from a caller's input and
-applies them (a broken rule raises the original's error kind and message, and nothing is appended); the
-replay path applies recorded events (a broken rule is an IntegrityError at that seq). One set of rules
-serves both, so a log the commands could not have written never replays clean: besides fences and
-transitions, every field is held to the checks its command runs on its input (the same functions of
-``values.py``), unit facts to what a host driver writes (``units.py``), and no event may be stamped
-before its stream's previous one, nor in another spelling than the canonical one.
+the event must have obeyed: the command path builds events from a caller's input and applies them (a
+broken rule raises its error kind with a message naming the one cause and the way on, and nothing is
+appended); the replay path applies recorded events (a broken rule is an IntegrityError at that seq,
+with the same message). One set of rules serves both, so a log the commands could not have written
+never replays clean: besides fences (``fences.py``) and transitions, every field is held to the
+checks its command runs on its input (the same functions of ``values.py``), unit facts to what a host
+driver writes (``units.py``), and no event may be stamped before its stream's previous one, nor in
+another spelling than the canonical one.
 
-Each rule checks an event against a `RunnerDraft` (``state.py``) and then changes it: `apply` thaws a
+Each rule checks an event against a `RunnerDraft` (``draft.py``) and then changes it: `apply` thaws a
 frozen state, steps one event and freezes the result; a replay of many events thaws once (keyed),
 `step`s every event through the very same rules and freezes once at the end.
 
-Retention follows the original with one improvement: the state holds at most 1024 leases, evicting the
-oldest lease that is no longer active (never an active one), and 256 after a completed reclaim. The
-log itself keeps every lease forever.
+Retention: the state holds at most 1024 leases, evicting the oldest lease that is no longer active
+(never an active one; with 1024 active a new lease is refused), and keeps the last 256 after a
+completed reclaim. The log itself keeps every lease forever.
 """
 
 from __future__ import annotations
@@ -44,9 +45,20 @@ from .events import (
     RunnerParked,
 )
 from .fences import (
+    DRAIN_NOT_READY,
+    HOOK_STALE,
+    WAY_BACK,
+    WAY_TO_PARK,
+    bound_to,
     check_fresh,
     check_min_revision,
+    held_lease,
     hook_refusal,
+    named,
+    session_lease,
+    span,
+    stale_generation,
+    stale_state,
 )
 from .state import Drain, Lease, ProxyRef, RunnerState
 from .units import UNIT_HANDLERS, forget_start
@@ -63,6 +75,15 @@ MIN_DRAIN_MS = 1
 MAX_DRAIN_MS = 10 * 60 * 1000
 HOOK_DOMAIN = "chainlesschain.execution-location.post-session-hook.v1\x00"
 
+# The leading words of each fenced event's messages: what was refused.
+NOT_ACCEPTING = "execution location runner is not accepting this generation"
+ROTATION_STALE = "execution location proxy rotation fence is stale"
+DRAIN_STALE = "execution location drain generation is stale"
+SETTLE_STALE = "execution location result lease fence is stale"
+PARK_STALE = "execution location park lease fence is stale"
+RECLAIM_STALE = "execution location reclaim fence is stale"
+COMPLETION_STALE = "execution location reclaim completion is stale"
+
 
 _replace = msgspec.structs.replace
 _ID_MATCH = ID_RE.fullmatch
@@ -71,7 +92,7 @@ _DIGEST_MATCH = DIGEST_RE.fullmatch
 
 def hook_receipt_material(*, runner_id: str, runner_generation: int, lease_id: str, lease_generation: int,
                           result_digest: str, hook_digest: str) -> dict[str, object]:
-    """The original's post-session hook receipt material (camelCase, so digests match the original's)."""
+    """A post-session hook receipt's material, with camelCase keys: its digest is the JavaScript original's."""
     return {
         "runnerId": runner_id,
         "runnerGeneration": runner_generation,
@@ -89,15 +110,17 @@ def start(event: Event, at: str, stream: str | None = None) -> RunnerDraft:
     the runner id to `stream` when it is given: a runner is recorded in its own stream.
     """
     if not isinstance(event, RunnerInitialized):
-        raise LifecycleError(f"runner is not initialized: its first event is {type(event).__name__}")
+        raise LifecycleError(f"runner is not initialized: its first event is {type(event).__name__} (a runner's "
+                             "stream begins with RunnerInitialized)")
     if event.schema != RUNNER_SCHEMA:
-        raise LifecycleError(f"runner lifecycle state schema is invalid: {event.schema!r}")
+        raise LifecycleError(f"runner lifecycle state schema is invalid: {shown(event.schema)}, not {RUNNER_SCHEMA}")
     _check_at(None, parse_iso_ms(at), at)
     safe_id(event.runner_id, "runner_id")
     if stream is not None and event.runner_id != stream:
-        raise LifecycleError(f"runner {event.runner_id} is initialized in the stream of another ({stream})")
+        raise LifecycleError(f"runner {event.runner_id} is initialized in the stream of another ({named(stream)}); "
+                             "a runner is recorded in the stream of its own id")
     safe_target(event.target)
-    safe_path(event.base_dir, "base_dir", "runner baseDir")
+    safe_path(event.base_dir, "base_dir", "runner base_dir")
     if type(event.resources) is not Resources:
         raise InvalidInputError("resources", f"resources must be Resources, got {type(event.resources).__name__}")
     safe_digest(event.post_session_hook_digest, "post_session_hook_digest")
@@ -124,15 +147,16 @@ def _check_at(last_at: str | None, at_ms: int, at: str) -> None:
 def step(draft: RunnerDraft, event: Event, at_ms: int, at: str) -> None:
     """Fold `event` into `draft` in place, checking every rule first: a refused event changes nothing.
 
-    Raises the original's error kinds (StaleFenceError, AuthorityError, InvalidInputError, LifecycleError)
-    when the event breaks a rule for this state, a field lies outside what its command accepts, or it
-    is stamped before the stream's previous event.
+    Raises StaleFenceError, AuthorityError, InvalidInputError or LifecycleError, the message naming the
+    one cause, when the event breaks a rule for this state, a field lies outside what its command
+    accepts, or it is stamped before the stream's previous event.
     """
     if at != draft.last_at:
         # Events of one command share their stamp: only a new one needs a look.
         _check_at(draft.last_at, at_ms, at)
     if draft.pending_park is not None and not isinstance(event, RunnerParked):
-        raise LifecycleError(f"runner must park ({draft.pending_park}) before {type(event).__name__}")
+        raise LifecycleError(f"runner must park ({draft.pending_park}) before {type(event).__name__}: its "
+                             "RunnerParked is due in the same transaction")
     handler = _HANDLERS.get(type(event))
     if handler is None:
         raise LifecycleError(f"{type(event).__name__} does not apply to an initialized runner")
@@ -143,8 +167,8 @@ def step(draft: RunnerDraft, event: Event, at_ms: int, at: str) -> None:
 def apply(state: RunnerState | None, event: Event, at_ms: int, at: str) -> RunnerState:
     """Fold `event`, stamped `at` (ISO) / `at_ms` (epoch ms), into `state`, checking every rule.
 
-    Raises the original's error kinds (StaleFenceError, AuthorityError, InvalidInputError, LifecycleError)
-    when the event breaks a rule for this state; `state` itself never changes.
+    Raises StaleFenceError, AuthorityError, InvalidInputError or LifecycleError (as `step` does) when
+    the event breaks a rule for this state; `state` itself never changes.
     """
     if state is None:
         return start(event, at).freeze()
@@ -154,7 +178,7 @@ def apply(state: RunnerState | None, event: Event, at_ms: int, at: str) -> Runne
 
 
 def _initialized_again(draft: RunnerDraft, event: RunnerInitialized, at_ms: int, at: str) -> None:
-    raise LifecycleError(f"runner {draft.runner_id} is already initialized")
+    raise LifecycleError(f"runner {draft.runner_id} is already initialized: a stream holds one RunnerInitialized")
 
 
 def _bound(draft: RunnerDraft, proxy: ProxyAuthority) -> ProxyRef:
@@ -166,32 +190,41 @@ def _bound(draft: RunnerDraft, proxy: ProxyAuthority) -> ProxyRef:
 
 def _lease_acquired(draft: RunnerDraft, event: LeaseAcquired, at_ms: int, at: str) -> None:
     proxy = event.proxy_authority
-    check_fresh(proxy, at_ms)  # first, as the original's validateProxyAuthority runs before its fences
-    if draft.state != "accepting" or draft.generation != event.lease_generation:
-        raise StaleFenceError(
-            f"execution location runner is not accepting this generation (runner {draft.state} at generation "
-            f"{draft.generation}, expected_generation {event.lease_generation})"
-        )
+    check_fresh(proxy, at_ms)  # first: a stale authority is refused before any fence, whatever else is wrong
+    if draft.state != "accepting":
+        raise stale_state(NOT_ACCEPTING, draft.state, "leases are granted only while it is accepting"
+                          f"{WAY_BACK.get(draft.state, '')}")
+    if draft.generation != event.lease_generation:
+        raise stale_generation(NOT_ACCEPTING, "expected_generation", event.lease_generation, draft.generation)
     if draft.session_active(event.session_id):
-        raise StaleFenceError(f"execution location session already has an active lease (session_id "
-                              f"{event.session_id})")
-    if draft.proxy_authority.id not in ("unbound", proxy.id):
-        raise AuthorityError(f"execution location proxy authority identity drifted (proxy_authority.id "
-                             f"{proxy.id}, runner bound to {draft.proxy_authority.id})")
-    if proxy.revision < draft.proxy_authority.revision:
-        raise AuthorityError(f"execution location proxy authority revision rolled back (proxy_authority.revision "
-                             f"{proxy.revision} < {draft.proxy_authority.revision})")
+        raise StaleFenceError(f"execution location session already has an active lease: session "
+                              f"{named(event.session_id)} holds {session_lease(draft, event.session_id)} (settle "
+                              "or park it first)")
+    bound = draft.proxy_authority
+    if bound.id not in ("unbound", proxy.id):
+        raise AuthorityError(f"execution location proxy authority identity drifted: proxy_authority.id {proxy.id} "
+                             f"is not the runner's {bound.id} (a runner keeps the proxy id its first lease bound)")
+    if proxy.revision < bound.revision:
+        raise AuthorityError(f"execution location proxy authority revision rolled back: proxy_authority.revision "
+                             f"{proxy.revision} is below the runner's {bound.revision} (get an authority of revision "
+                             f"{bound.revision} or newer)")
     # safe_id's test, its call spared when the value passes (the checks run for every event replayed).
     if type(event.lease_id) is not str or _ID_MATCH(event.lease_id) is None:
         safe_id(event.lease_id, "lease_id")
     if type(event.session_id) is not str or _ID_MATCH(event.session_id) is None:
         safe_id(event.session_id, "session_id")
     _canonical(event.expires_at, "expires_at")
+    if event.issued_at != at:
+        raise InvalidInputError("ttl_ms", f"lease ttl_ms is invalid: issued_at {named(event.issued_at)} is not the "
+                                          f"time of its event, {at} (a lease's ttl runs from its grant)")
     ttl = parse_iso_ms(event.expires_at) - at_ms
-    if event.issued_at != at or not MIN_TTL_MS <= ttl <= MAX_TTL_MS:
+    if not MIN_TTL_MS <= ttl <= MAX_TTL_MS:
         raise InvalidInputError("ttl_ms", f"lease ttl_ms is invalid: {ttl} is outside {MIN_TTL_MS}..{MAX_TTL_MS}")
-    if draft.lease(event.lease_id) is not None:
-        raise StaleFenceError(f"execution location lease id is already taken (lease_id {event.lease_id})")
+    taken = draft.lease(event.lease_id)
+    if taken is not None:
+        raise StaleFenceError(f"execution location lease id is already taken: lease {event.lease_id} is the "
+                              f"runner's {taken.status} lease of session {taken.session_id} (random_id must give "
+                              "each lease a new id)")
     draft.add_lease(Lease(id=event.lease_id, session_id=event.session_id, generation=event.lease_generation,
                           issued_at=event.issued_at, expires_at=event.expires_at, status="active"),
                     MAX_RETAINED_LEASES)
@@ -203,14 +236,17 @@ def _proxy_rotated(draft: RunnerDraft, event: ProxyRotated, at_ms: int, at: str)
     proxy = event.proxy_authority
     check_min_revision(proxy, draft.proxy_authority.revision + 1)
     check_fresh(proxy, at_ms)
-    if (draft.state not in ("accepting", "draining") or event.generation != draft.generation + 1
-            or proxy.id != draft.proxy_authority.id):
-        raise StaleFenceError(
-            f"execution location proxy rotation fence is stale (runner {draft.state} at generation "
-            f"{draft.generation}, expected_generation {event.generation - 1}, proxy_authority.id {proxy.id})"
-        )
+    if draft.state not in ("accepting", "draining"):
+        raise stale_state(ROTATION_STALE, draft.state, "a proxy authority is rotated while it is accepting or "
+                                                       "draining (a parked runner takes its new one in begin_reclaim)")
+    if event.generation != draft.generation + 1:
+        raise stale_generation(ROTATION_STALE, "expected_generation", event.generation - 1, draft.generation)
+    if proxy.id != draft.proxy_authority.id:
+        raise StaleFenceError(f"{ROTATION_STALE}: proxy_authority.id {proxy.id} is not the runner's "
+                              f"({bound_to(draft.proxy_authority)}; a rotation keeps the id and moves the revision)")
     if event.policy_revision != draft.policy_revision + 1:
-        raise LifecycleError(f"policy revision must become {draft.policy_revision + 1}, not {event.policy_revision}")
+        raise LifecycleError(f"policy revision must become {draft.policy_revision + 1}, not "
+                             f"{named(event.policy_revision)} (a rotation moves it by one)")
     draft.generation = event.generation
     draft.policy_revision = event.policy_revision
     draft.proxy_authority = _bound(draft, proxy)
@@ -219,15 +255,20 @@ def _proxy_rotated(draft: RunnerDraft, event: ProxyRotated, at_ms: int, at: str)
 
 def _drain_requested(draft: RunnerDraft, event: DrainRequested, at_ms: int, at: str) -> None:
     if event.signal != "SIGTERM":
-        raise InvalidInputError("signal", f"runner drain requires SIGTERM, got {event.signal!r}")
+        raise InvalidInputError("signal", f"runner drain requires SIGTERM, got {shown(event.signal)}")
     _canonical(event.deadline_at, "deadline_at")
+    if event.requested_at != at:
+        raise InvalidInputError("timeout_ms", f"drain timeout_ms is invalid: requested_at {named(event.requested_at)} "
+                                              f"is not the time of its event, {at} (a drain's timeout runs from its "
+                                              "request)")
     timeout = parse_iso_ms(event.deadline_at) - at_ms
-    if event.requested_at != at or not MIN_DRAIN_MS <= timeout <= MAX_DRAIN_MS:
+    if not MIN_DRAIN_MS <= timeout <= MAX_DRAIN_MS:
         raise InvalidInputError("timeout_ms", f"drain timeout_ms is invalid: {timeout} is outside "
                                               f"{MIN_DRAIN_MS}..{MAX_DRAIN_MS}")
-    if draft.state != "accepting" or event.generation != draft.generation + 1:
-        raise StaleFenceError(f"execution location drain generation is stale (runner {draft.state} at generation "
-                              f"{draft.generation}, expected_generation {event.generation - 1})")
+    if draft.state != "accepting":
+        raise stale_state(DRAIN_STALE, draft.state, "a drain is requested only while it is accepting")
+    if event.generation != draft.generation + 1:
+        raise stale_generation(DRAIN_STALE, "expected_generation", event.generation - 1, draft.generation)
     draft.state = "draining"
     draft.generation = event.generation
     draft.drain = Drain(signal=event.signal, requested_at=event.requested_at, deadline_at=event.deadline_at)
@@ -235,19 +276,10 @@ def _drain_requested(draft: RunnerDraft, event: DrainRequested, at_ms: int, at: 
     draft.pending_park = "drain-idle" if draft.active_count() == 0 else None
 
 
-def _active_lease(draft: RunnerDraft, lease_id: str, lease_generation: int, message: str) -> Lease:
-    lease = draft.lease(lease_id)
-    if lease is None or lease.status != "active" or lease.generation != lease_generation:
-        found = "no such lease" if lease is None else f"lease {lease.status} at generation {lease.generation}"
-        raise StaleFenceError(f"{message} (lease_id {lease_id}, lease_generation {lease_generation}: {found})")
-    return lease
-
-
 def _lease_settled(draft: RunnerDraft, event: LeaseSettled, at_ms: int, at: str) -> None:
     if type(event.result_digest) is not str or _DIGEST_MATCH(event.result_digest) is None:
         safe_digest(event.result_digest, "result_digest")
-    lease = _active_lease(draft, event.lease_id, event.lease_generation,
-                          "execution location result lease fence is stale")
+    lease = held_lease(draft, event.lease_id, event.lease_generation, SETTLE_STALE, "a lease ends once")
     if draft.units_starting:
         forget_start(draft, lease.id)
     draft.replace_lease(lease, _replace(lease, status="settled", result_digest=event.result_digest))
@@ -259,11 +291,12 @@ def _lease_parked(draft: RunnerDraft, event: LeaseParked, at_ms: int, at: str) -
     if type(event.result_digest) is not str or _DIGEST_MATCH(event.result_digest) is None:
         safe_digest(event.result_digest, "result_digest")
     if event.reason not in PARK_REASONS:
-        raise InvalidInputError("reason", f"execution location park reason is invalid: {event.reason!r}")
+        raise InvalidInputError("reason", f"execution location park reason is invalid: {shown(event.reason)} is not "
+                                          f"one of {', '.join(PARK_REASONS)}")
     if draft.state not in ("accepting", "draining"):
-        raise StaleFenceError(f"execution location park lease fence is stale (runner {draft.state})")
-    lease = _active_lease(draft, event.lease_id, event.lease_generation,
-                          "execution location park lease fence is stale")
+        raise stale_state(PARK_STALE, draft.state, "leases are parked while it is accepting or draining (a parked "
+                                                   "runner has no active lease)")
+    lease = held_lease(draft, event.lease_id, event.lease_generation, PARK_STALE, "a lease ends once")
     if draft.units_starting:
         forget_start(draft, lease.id)
     draft.replace_lease(lease, _replace(lease, status="parked", result_digest=event.result_digest))
@@ -273,12 +306,18 @@ def _lease_parked(draft: RunnerDraft, event: LeaseParked, at_ms: int, at: str) -
 
 def _drain_expired(draft: RunnerDraft, event: DrainExpired, at_ms: int, at: str) -> None:
     drain = draft.drain
-    if draft.state != "draining" or drain is None or parse_iso_ms(drain.deadline_at) > at_ms:
-        raise StaleFenceError(f"execution location drain is not ready to park (runner {draft.state})")
+    if draft.state != "draining" or drain is None:
+        raise stale_state(DRAIN_NOT_READY, draft.state, "an expired drain parks a draining runner")
+    deadline = parse_iso_ms(drain.deadline_at)
+    if deadline > at_ms:
+        raise StaleFenceError(f"{DRAIN_NOT_READY}: its deadline {drain.deadline_at} is {span(deadline - at_ms)} "
+                              f"after now ({at}): call park_expired_drain again then, or settle or park the active "
+                              "leases")
     if event.deadline_at != drain.deadline_at:
-        raise LifecycleError(f"drain deadline {event.deadline_at} is not the runner's {drain.deadline_at}")
+        raise LifecycleError(f"drain deadline {named(event.deadline_at)} is not the runner's {drain.deadline_at}")
     if tuple(event.lease_ids) != draft.active_ids():
-        raise LifecycleError("the leases parked by an expired drain are not the runner's active leases")
+        raise LifecycleError(f"the leases parked by an expired drain are not the runner's active leases "
+                             f"({len(event.lease_ids)} named, {len(draft.active_ids())} active)")
     draft.park_active()
     draft.units_starting = ()  # each was of a lease that was active
     draft.updated_at = at
@@ -286,10 +325,14 @@ def _drain_expired(draft: RunnerDraft, event: DrainExpired, at_ms: int, at: str)
 
 
 def _runner_parked(draft: RunnerDraft, event: RunnerParked, at_ms: int, at: str) -> None:
-    if draft.pending_park is None or event.cause != draft.pending_park:
-        raise LifecycleError(f"runner cannot park for {event.cause!r} here (pending: {draft.pending_park})")
+    if draft.pending_park is None:
+        raise LifecycleError(f"runner cannot park for {shown(event.cause)}: no park is due (a runner parks in the "
+                             "transaction where its last active lease ends, or its drain parks them)")
+    if event.cause != draft.pending_park:
+        raise LifecycleError(f"runner cannot park for {shown(event.cause)}: the park due is for "
+                             f"{draft.pending_park!r}")
     if event.generation != draft.generation + 1:
-        raise LifecycleError(f"parking must move generation to {draft.generation + 1}, not {event.generation}")
+        raise LifecycleError(f"parking must move generation to {draft.generation + 1}, not {named(event.generation)}")
     draft.state = "parked"
     draft.generation = event.generation
     draft.drain = None
@@ -301,11 +344,14 @@ def _reclaim_begun(draft: RunnerDraft, event: ReclaimBegun, at_ms: int, at: str)
     proxy = event.proxy_authority
     check_min_revision(proxy, draft.proxy_authority.revision + 1)
     check_fresh(proxy, at_ms)
-    if draft.state != "parked" or event.generation != draft.generation + 1 or proxy.id != draft.proxy_authority.id:
-        raise StaleFenceError(
-            f"execution location reclaim fence is stale (runner {draft.state} at generation {draft.generation}, "
-            f"expected_generation {event.generation - 1}, proxy_authority.id {proxy.id})"
-        )
+    if draft.state != "parked":
+        raise stale_state(RECLAIM_STALE, draft.state, "a reclaim begins once it is parked"
+                          f"{WAY_TO_PARK.get(draft.state, '')}")
+    if event.generation != draft.generation + 1:
+        raise stale_generation(RECLAIM_STALE, "expected_generation", event.generation - 1, draft.generation)
+    if proxy.id != draft.proxy_authority.id:
+        raise StaleFenceError(f"{RECLAIM_STALE}: proxy_authority.id {proxy.id} is not the runner's "
+                              f"({bound_to(draft.proxy_authority)}; a reclaim keeps the id and moves the revision)")
     draft.state = "reclaiming"
     draft.generation = event.generation
     draft.proxy_authority = _bound(draft, proxy)
@@ -313,9 +359,11 @@ def _reclaim_begun(draft: RunnerDraft, event: ReclaimBegun, at_ms: int, at: str)
 
 
 def _reclaim_completed(draft: RunnerDraft, event: ReclaimCompleted, at_ms: int, at: str) -> None:
-    if draft.state != "reclaiming" or event.generation != draft.generation + 1:
-        raise StaleFenceError(f"execution location reclaim completion is stale (runner {draft.state} at "
-                              f"generation {draft.generation}, expected_generation {event.generation - 1})")
+    if draft.state != "reclaiming":
+        raise stale_state(COMPLETION_STALE, draft.state, "a reclaim is completed while it is reclaiming (call "
+                                                         "begin_reclaim on the parked runner first)")
+    if event.generation != draft.generation + 1:
+        raise stale_generation(COMPLETION_STALE, "expected_generation", event.generation - 1, draft.generation)
     draft.state = "accepting"
     draft.generation = event.generation
     draft.keep_last(RETAINED_AFTER_RECLAIM)
@@ -326,13 +374,15 @@ def _hook_authorized(draft: RunnerDraft, event: HookAuthorized, at_ms: int, at: 
     lease = draft.lease(event.lease_id)
     why = hook_refusal(draft, event, lease)
     if why is not None:
-        raise StaleFenceError(f"execution location post-session hook fence is stale: {why}")
+        raise StaleFenceError(f"{HOOK_STALE}: {why}")
     assert lease is not None
     material = hook_receipt_material(
         runner_id=draft.runner_id, runner_generation=draft.generation, lease_id=lease.id,
         lease_generation=lease.generation, result_digest=event.result_digest, hook_digest=event.hook_digest)
-    if receipt_digest(HOOK_DOMAIN, material) != event.receipt_digest:
-        raise LifecycleError("post-session hook receipt digest does not match its material")
+    expected = receipt_digest(HOOK_DOMAIN, material)
+    if expected != event.receipt_digest:
+        raise LifecycleError(f"post-session hook receipt digest {named(event.receipt_digest)} does not match its "
+                             f"material, which digests to {expected}")
     draft.replace_lease(lease, _replace(lease, hook_receipt_digest=event.receipt_digest))
     draft.updated_at = at
 

@@ -59,16 +59,21 @@ def _lease(draft: RunnerDraft, lease_id: object) -> Lease:
     lease = draft.lease(lease_id) if type(lease_id) is str else None
     if lease is None:
         safe_id(lease_id, "lease_id")
-        raise StaleFenceError(f"unit fact names a lease the runner does not hold (lease_id {lease_id})")
+        raise StaleFenceError(f"unit fact names a lease the runner does not hold (lease_id {lease_id}): it never "
+                              "had one, or retention dropped it")
     return lease
 
 
 def _startable(draft: RunnerDraft, lease_id: object, lease_generation: object) -> Lease:
     lease = _lease(draft, lease_id)
     generation = safe_int(lease_generation, "lease_generation", 1)
-    if lease.status != "active" or lease.generation != generation:
-        raise StaleFenceError(f"a unit may only start for an active lease (lease_id {lease_id}, lease_generation "
-                              f"{generation}: lease {lease.status} at generation {lease.generation})")
+    if lease.status != "active":
+        raise StaleFenceError(f"a unit may only start for an active lease (lease_id {lease.id}): lease {lease.id} is "
+                              f"{lease.status} (a host starts no unit for an ended lease)")
+    if lease.generation != generation:
+        raise StaleFenceError(f"a unit may only start for an active lease (lease_id {lease.id}): lease {lease.id} was "
+                              f"granted at generation {lease.generation}, not lease_generation {generation} (pass "
+                              "the lease_generation of its receipt)")
     return lease
 
 

@@ -1,6 +1,6 @@
 """Value types and the validation of every value a caller can pass.
 
-Bounds are the original's: ids ``^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,255}$``, digests ``^sha256:[a-f0-9]{64}$``,
+Bounds: ids ``^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,255}$``, digests ``^sha256:[a-f0-9]{64}$``,
 cpu_seconds 1..86400, memory_bytes 64 MiB..64 GiB. A refused value raises `InvalidInputError` naming
 the field and the value (cut short when long); booleans and floats are never integers here.
 """
@@ -33,7 +33,7 @@ def shown(value: object) -> str:
 
 
 def safe_id(value: object, field: str) -> str:
-    """An identifier within the original's pattern, or InvalidInputError."""
+    """An identifier: 1-256 of ``A-Z a-z 0-9 . _ : @ + -``, starting alphanumeric; or InvalidInputError."""
     if not isinstance(value, str) or ID_RE.fullmatch(value) is None:
         raise InvalidInputError(field, f"{field} is invalid: {shown(value)} is not an id "
                                        "(1-256 of A-Z a-z 0-9 . _ : @ + -, starting alphanumeric)")
@@ -81,19 +81,22 @@ def safe_path(value: object, field: str, what: str | None = None) -> str:
 
 
 def safe_target(value: object, field: str = "target") -> str:
-    """One of the original's targets: local, wsl, ssh, container."""
+    """One of the targets a runner may run on: local, wsl, ssh, container."""
     if not isinstance(value, str) or value not in TARGETS:
         raise InvalidInputError(field, f"runner {field} is invalid: {shown(value)} is not one of {', '.join(TARGETS)}")
     return value
 
 
 def exact_mapping(value: object, fields: tuple[str, ...], field: str) -> Mapping[str, Any]:
-    """A mapping with exactly `fields` as keys (the original's exactObject)."""
+    """A mapping with exactly `fields` as keys: none missing, none more."""
     if not isinstance(value, Mapping):
         raise InvalidInputError(field, f"{field} must be an object, got {type(value).__name__}")
     if sorted(value.keys(), key=str) != sorted(fields):
-        raise InvalidInputError(field, f"{field} has an invalid schema: keys {sorted(map(str, value.keys()))}, "
-                                       f"expected {sorted(fields)}")
+        keys = set(map(str, value.keys()))
+        missing, unexpected = sorted(set(fields) - keys), sorted(keys - set(fields))
+        extra = ", ".join(shown(key) for key in unexpected[:5]) + (", ..." if len(unexpected) > 5 else "")
+        raise InvalidInputError(field, f"{field} has an invalid schema: missing {', '.join(missing) or 'none'}, "
+                                       f"unexpected {extra or 'none'} (it takes exactly {', '.join(sorted(fields))})")
     return value
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 try:
     import hypothesis  # noqa: F401 - every module below needs it; say so once, here
 except ImportError as exc:  # pragma: no cover - the message is the documentation
-    raise ImportError("lifecycle_es.testing needs hypothesis: pip install 'lifecycle-es[test]'") from exc
+    raise ImportError("lifecycle_es.testing needs hypothesis: pip install 'lifecycle-es[testing]'") from exc
 
 from .clock import START_MS, FakeClock, SequentialIds
 from .logs import event_logs, invalid_event_logs

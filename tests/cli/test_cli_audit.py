@@ -176,8 +176,8 @@ def _acquired(lease_id: str = "lease-forged", session_id: str = "s-forged", spel
 
 FORGED_LOGS = [
     pytest.param(*_initialized(target="mars"), 0, "target", id="initialized-target-mars"),
-    pytest.param(*_initialized(base_dir="srv/runner-x"), 0, "baseDir", id="initialized-relative-base-dir"),
-    pytest.param(*_initialized(base_dir="/srv/x/../../etc"), 0, "baseDir", id="initialized-base-dir-not-normalized"),
+    pytest.param(*_initialized(base_dir="srv/runner-x"), 0, "base_dir", id="initialized-relative-base-dir"),
+    pytest.param(*_initialized(base_dir="/srv/x/../../etc"), 0, "base_dir", id="initialized-base-dir-not-normalized"),
     pytest.param(*_initialized(post_session_hook_digest="garbage"), 0, "post_session_hook_digest",
                  id="initialized-hook-digest-garbage"),
     pytest.param(*_acquired(lease_id="../../../etc"), 0, "lease_id", id="acquired-lease-id-a-path"),

@@ -776,7 +776,7 @@ def test_a_recorded_base_dir_must_be_one_the_commands_resolve_to(leased: Leased,
         post_session_hook_digest=HOOK)], iso(leased.at_ms))
     with EventStore.open(leased.store.path, read_only=True) as store, pytest.raises(IntegrityError) as replayed:
         projections.replay(store)
-    assert replayed.value.seq == seq and "runner baseDir is invalid" in replayed.value.reason
+    assert replayed.value.seq == seq and "runner base_dir is invalid" in replayed.value.reason
 
 
 def _hook(env: Leased, hook: str = "garbage") -> list[Event]:
@@ -800,6 +800,25 @@ def _hook(env: Leased, hook: str = "garbage") -> list[Event]:
                  lambda env: [DrainExpired(lease_ids=("../../etc",),
                                            deadline_at=env.lifecycle.state().drain.deadline_at)],  # type: ignore[union-attr]
                  "not the runner's active leases", id="drain-expired-lease-ids"),
+    # The replay names the one cause a command would (a forged value shown quoted, on the one line).
+    pytest.param(lambda env: None, lambda env: [LeaseSettled(lease_id="lease-x\nforged", lease_generation=1,
+                                                             result_digest=DIGEST)],
+                 "the runner has no lease 'lease-x\\nforged'", id="settled-lease-id-with-a-newline"),
+    pytest.param(lambda env: None, lambda env: [LeaseAcquired(
+        lease_id="lease-forged", session_id="session-forged", lease_generation=1, issued_at=iso(env.at_ms),
+        expires_at=iso(env.at_ms + 60_000), proxy_authority=ProxyAuthority(
+            id="proxy-1", revision=1, issued_at=iso(env.at_ms), expires_at=iso(env.at_ms + 600_000)))],
+                 f"lease ttl_ms is invalid: issued_at {iso(T0)} is not the time of its event, {iso(T0 + 1_000)}",
+                 id="acquired-issued-before-its-event"),
+    pytest.param(lambda env: None, lambda env: [DrainRequested(signal="SIGTERM", requested_at=iso(env.at_ms + 1_000),
+                                                               deadline_at=iso(env.at_ms + 2_000), generation=5)],
+                 "drain generation is stale: expected_generation is 4 but the runner is at generation 1",
+                 id="drain-generation-skipped"),
+    pytest.param(lambda env: env.lifecycle.settle_lease(lease_id=env.lease_id, lease_generation=1,
+                                                        result_digest=DIGEST),
+                 lambda env: _hook(env, HOOK)[:1],
+                 "hook fence is stale: the runner is accepting; hooks are authorized while it is draining or parked",
+                 id="hook-while-accepting"),
 ])
 def test_fields_a_rule_compares_with_the_state_are_bound_by_it(
         leased: Leased, prepare: Callable[[Leased], object], forged: Callable[[Leased], list[Event]],
@@ -811,6 +830,7 @@ def test_fields_a_rule_compares_with_the_state_are_bound_by_it(
     with EventStore.open(leased.store.path, read_only=True) as store, pytest.raises(IntegrityError) as replayed:
         projections.replay(store)
     assert replayed.value.seq == seq and words in replayed.value.reason
+    assert "\n" not in str(replayed.value)
 
 
 def test_a_runner_is_recorded_in_its_own_stream(leased: Leased) -> None:

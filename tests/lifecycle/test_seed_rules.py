@@ -127,6 +127,14 @@ def refused(world: World, kind: type[BaseException], *words: str) -> Iterator[py
         assert word in message, f"{word!r} not in {message!r}"
 
 
+def one_cause(error: pytest.ExceptionInfo[Any], causes: dict[str, str], broken: str) -> None:
+    """The message names the `broken` cause in its words, and no other cause's: one cause, one message, one line."""
+    message = str(error.value)
+    assert causes[broken] in message, f"{causes[broken]!r} not in {message!r}"
+    assert not [words for cause, words in causes.items() if cause != broken and words in message], message
+    assert "\n" not in message
+
+
 def acquire(world: World, lifecycle: RunnerLifecycle, session: str = "session-1", **kwargs: Any) -> LeaseReceipt:
     snapshot = lifecycle.snapshot()
     kwargs.setdefault("proxy_authority", world.proxy(max(1, snapshot.proxy_authority.revision)))
@@ -343,8 +351,11 @@ def test_base_dir_is_resolved_and_bounded(world: World, monkeypatch: pytest.Monk
     assert world.runner(base_dir="base").base_dir == str(world.base_dir)
     assert world.runner(base_dir=str(world.base_dir) + "/./sub/..").base_dir == str(world.base_dir)
     # A lone surrogate (an undecodable byte smuggled in by surrogateescape) has no UTF-8 form to record.
-    for bad in ("", "/a\0b", "/" + "a" * 4096, "/srv/\udc80", "rel\ud800"):
-        with refused(world, InvalidInputError, "runner baseDir is invalid") as info:
+    # Each refused path, and the one cause its message names.
+    for bad, cause in (("", "it is empty"), ("/a\0b", "holds NUL"),
+                       ("/" + "a" * 4096, "4097 characters, more than 4096"),
+                       ("/srv/\udc80", "is not valid text"), ("rel\ud800", "is not valid text")):
+        with refused(world, InvalidInputError, "runner base_dir is invalid: ", cause) as info:
             world.runner(base_dir=bad)
         assert info.value.field == "base_dir"
 
@@ -427,7 +438,8 @@ def test_reclaim_refuses_a_drifted_proxy_id(world: World) -> None:
 def test_acquire_refuses_a_rolled_back_revision(world: World) -> None:
     lifecycle = world.started()
     acquire(world, lifecycle, proxy_authority=world.proxy(3))
-    with refused(world, AuthorityError, "execution location proxy authority revision rolled back", "2 < 3"):
+    with refused(world, AuthorityError, "execution location proxy authority revision rolled back",
+                 "proxy_authority.revision 2 is below the runner's 3", "revision 3 or newer"):
         acquire(world, lifecycle, session="session-2", proxy_authority=world.proxy(2))
     # The same revision, or a newer one, is no rollback; the runner takes the newer revision.
     acquire(world, lifecycle, session="session-2", proxy_authority=world.proxy(3))
@@ -478,7 +490,7 @@ def test_rotate_is_allowed_while_draining_only_besides_accepting(world: World) -
         snapshot = lifecycle.snapshot()
         assert snapshot.state == state_name
         with refused(world, StaleFenceError, "execution location proxy rotation fence is stale",
-                     f"runner {state_name}"):
+                     f"the runner is {state_name}; a proxy authority is rotated while it is accepting or draining"):
             lifecycle.rotate_proxy_authority(expected_generation=snapshot.generation,
                                              proxy_authority=world.proxy(snapshot.proxy_authority.revision + 1))
         if state_name == "parked":
@@ -488,9 +500,14 @@ def test_rotate_is_allowed_while_draining_only_besides_accepting(world: World) -
 def test_proxy_authority_needs_exactly_its_four_fields(world: World) -> None:
     lifecycle = world.started()
     good = {"id": "proxy-1", "revision": 1, "issued_at": seed_iso(T0), "expires_at": seed_iso(T0 + 60_000)}
-    for shape in ({k: v for k, v in good.items() if k != "expires_at"}, {**good, "extra": 1},
-                  {"id": "proxy-1", "revision": 1, "issuedAt": seed_iso(T0), "expiresAt": seed_iso(T0 + 1)}):
-        with refused(world, InvalidInputError, "proxy_authority has an invalid schema") as info:
+    # Each shape, and what its message says is missing and unexpected.
+    for shape, words in (
+            ({k: v for k, v in good.items() if k != "expires_at"}, "missing expires_at, unexpected none"),
+            ({**good, "extra": 1}, "missing none, unexpected 'extra'"),
+            ({"id": "proxy-1", "revision": 1, "issuedAt": seed_iso(T0), "expiresAt": seed_iso(T0 + 1)},
+             "missing expires_at, issued_at, unexpected 'expiresAt', 'issuedAt'")):
+        with refused(world, InvalidInputError, "proxy_authority has an invalid schema: ", words,
+                     "(it takes exactly expires_at, id, issued_at, revision)") as info:
             lifecycle.acquire_lease(session_id="s", expected_generation=1, proxy_authority=shape)
         assert info.value.field == "proxy_authority"
     assert lifecycle.acquire_lease(session_id="s", expected_generation=1, proxy_authority=good).lease.generation == 1
@@ -581,12 +598,15 @@ def _generation_fences(world: World) -> list[tuple[str, str, RunnerLifecycle, Ca
 def test_stale_generation_is_refused_on_every_transition(world: World) -> None:
     fences = _generation_fences(world)
     assert len(fences) == 8
-    for _name, message, lifecycle, call in fences:
+    for name, message, lifecycle, call in fences:
         current = lifecycle.snapshot().generation
+        field = "expected_runner_generation" if name == "authorize_post_session_hook" else "expected_generation"
         for stale in (current - 1, current + 1):
             if stale < 1:
                 continue
-            with refused(world, StaleFenceError, message, f"generation {current}"):
+            # The one cause: the generation named, the runner's, and where to read the current one.
+            with refused(world, StaleFenceError, message, f": {field} is {stale} but the runner is at generation "
+                         f"{current} (call snapshot() for the current generation)"):
                 call(stale)
         call(current)  # the same call at the current generation goes through
 
@@ -620,8 +640,13 @@ def test_lease_fences(world: World, command: str, wrong: str) -> None:
                                         proxy_authority=world.proxy())),
     }
     message, call = calls[command]
-    with refused(world, StaleFenceError, message, lease_id):
+    causes = {"unknown": "the runner has no lease lease-nobody (it never had one, or retention dropped it",
+              "generation": f"lease {lease.id} was granted at generation 1, not lease_generation 2",
+              "settled": f"lease {lease.id} is settled, no longer active",
+              "parked": f"lease {lease.id} is parked, no longer active"}
+    with refused(world, StaleFenceError, f"{message} (lease_id {lease_id}): ") as caught:
         call()
+    one_cause(caught, causes, wrong)
 
 
 def test_lease_generation_is_the_lease_own_not_the_runners(world: World) -> None:
@@ -701,9 +726,10 @@ def test_drain_stops_accepting_and_moves_the_generation(world: World) -> None:
     snapshot = lifecycle.request_drain(expected_generation=1, timeout_ms=5_000)
     assert (snapshot.state, snapshot.accepting, snapshot.generation) == ("draining", False, 2)
     with refused(world, StaleFenceError, "execution location runner is not accepting this generation",
-                 "runner draining"):
+                 "the runner is draining; leases are granted only while it is accepting"):
         acquire(world, lifecycle, session="session-2")
-    with refused(world, StaleFenceError, "execution location drain generation is stale", "runner draining"):
+    with refused(world, StaleFenceError, "execution location drain generation is stale",
+                 "the runner is draining; a drain is requested only while it is accepting"):
         lifecycle.request_drain(expected_generation=2)
 
 
@@ -715,7 +741,8 @@ def test_park_expired_drain_waits_for_the_deadline(world: World) -> None:
     lifecycle.settle_lease(lease_id=third.id, lease_generation=1, result_digest=RESULT)
     lifecycle.request_drain(expected_generation=1, timeout_ms=10_000)
     world.clock.advance(9_999)
-    with refused(world, StaleFenceError, "execution location drain is not ready to park", "runner draining"):
+    with refused(world, StaleFenceError, "execution location drain is not ready to park",
+                 "its deadline 2023-11-14T22:13:30.000Z is 1 ms after now (2023-11-14T22:13:29.999Z)"):
         lifecycle.park_expired_drain(expected_generation=2)
     world.clock.advance(1)  # exactly at the deadline: the seed parks (deadline > now is "not ready")
     before = world.store.head().seq
@@ -731,17 +758,20 @@ def test_park_expired_drain_waits_for_the_deadline(world: World) -> None:
 def test_park_expired_drain_needs_a_draining_runner(world: World) -> None:
     lifecycle = world.started()
     acquire(world, lifecycle)
-    with refused(world, StaleFenceError, "execution location drain is not ready to park", "runner accepting"):
+    with refused(world, StaleFenceError, "execution location drain is not ready to park",
+                 "the runner is accepting; park_expired_drain parks a draining runner"):
         lifecycle.park_expired_drain(expected_generation=1)
 
 
 def test_reclaim_needs_a_parked_runner(world: World) -> None:
     lifecycle = world.started()
     acquire(world, lifecycle)
-    with refused(world, StaleFenceError, "execution location reclaim fence is stale", "runner accepting"):
+    with refused(world, StaleFenceError, "execution location reclaim fence is stale",
+                 "the runner is accepting; a reclaim begins once it is parked (request_drain first)"):
         lifecycle.begin_reclaim(expected_generation=1, proxy_authority=world.proxy(2))
     drain(lifecycle)
-    with refused(world, StaleFenceError, "execution location reclaim fence is stale", "runner draining"):
+    with refused(world, StaleFenceError, "execution location reclaim fence is stale",
+                 "the runner is draining; a reclaim begins once it is parked (settle or park its leases"):
         lifecycle.begin_reclaim(expected_generation=2, proxy_authority=world.proxy(2))
     park(world, lifecycle)
     before = world.store.head().seq
@@ -755,14 +785,16 @@ def test_complete_reclaim_needs_a_reclaiming_runner(world: World) -> None:
     lifecycle = world.started()
     acquire(world, lifecycle)
     park(world, lifecycle)
-    with refused(world, StaleFenceError, "execution location reclaim completion is stale", "runner parked"):
+    with refused(world, StaleFenceError, "execution location reclaim completion is stale",
+                 "the runner is parked; a reclaim is completed while it is reclaiming"):
         lifecycle.complete_reclaim(expected_generation=3)
     reclaim(world, lifecycle)
     snapshot = lifecycle.complete_reclaim(expected_generation=4)
     assert (snapshot.state, snapshot.accepting, snapshot.generation) == ("accepting", True, 5)
     # Accepting again: a new lease is granted at the new generation.
     assert acquire(world, lifecycle, session="session-2").lease.generation == 5
-    with refused(world, StaleFenceError, "execution location reclaim completion is stale", "runner accepting"):
+    with refused(world, StaleFenceError, "execution location reclaim completion is stale",
+                 "the runner is accepting; a reclaim is completed while it is reclaiming"):
         lifecycle.complete_reclaim(expected_generation=5)
 
 
@@ -772,7 +804,7 @@ def test_complete_reclaim_needs_a_reclaiming_runner(world: World) -> None:
 HOOK_FENCES = {
     "runner-generation": "expected_runner_generation is",
     "runner-accepting": "the runner is accepting; hooks are authorized while it is draining or parked",
-    "unknown-lease": "the runner has no lease 'lease-nobody'",
+    "unknown-lease": "the runner has no lease lease-nobody",
     "lease-generation": "was granted at generation 1, not lease_generation 2",
     "lease-active": "is still active; its hook is authorized once it is settled or parked",
     "result-digest": "is not the lease's recorded result digest",
@@ -920,8 +952,18 @@ def test_lifecycle_profile_from_lease_is_the_seeds(world: World) -> None:
 
 # --- read-only checks -----------------------------------------------------------------------------------
 
-POLL_CONDITIONS = ["unknown-lease", "lease-settled", "lease-generation", "lease-expired", "proxy-id",
-                   "proxy-revision", "runner-parked", "runner-reclaiming"]
+# Each cause a poll is refused for, and the words only its message says.
+POLL_CONDITIONS = {
+    "unknown-lease": "the runner has no lease lease-nobody (it never had one, or retention dropped it",
+    "lease-settled": "lease lease-0001 is settled, no longer active (stop polling under it)",
+    "lease-generation": "lease lease-0001 was granted at generation 1, not lease_generation 2",
+    "lease-expired": "lease lease-0001 expired at 2023-11-14T22:14:20.000Z, 0 ms before now "
+                     "(2023-11-14T22:14:20.000Z)",
+    "proxy-id": "proxy_authority_id proxy-2 is not the runner's (the runner is bound to proxy-1",
+    "proxy-revision": "proxy_authority_revision 2 is not the runner's 1 (the proxy rotated: refresh",
+    "runner-parked": "the runner is parked; a lease polls only while it is accepting or draining",
+    "runner-reclaiming": "the runner is reclaiming; a lease polls only while it is accepting or draining",
+}
 
 
 @pytest.mark.parametrize("broken", POLL_CONDITIONS)
@@ -944,15 +986,17 @@ def test_assert_poll_conditions(world: World, broken: str) -> None:
     elif broken == "proxy-revision":
         call["proxy_authority_revision"] = 2
     else:
-        # A parked runner holds no active lease, so these two also fail the lease check: the seed's
-        # state conditions can never be the only one broken, but they still refuse.
+        # A parked runner holds no active lease, so the lease is no longer active either: the runner's
+        # state is the cause named, being the one to act on.
         park(world, lifecycle)
         call["proxy_authority_revision"] = 1
         if broken == "runner-reclaiming":
             reclaim(world, lifecycle)
             call["proxy_authority_revision"] = 2
-    with refused(world, StaleFenceError, "execution location poll lease is stale or parked", str(call["lease_id"])):
+    with refused(world, StaleFenceError, f"execution location poll lease is stale or parked (lease_id "
+                 f"{call['lease_id']}): ") as caught:
         lifecycle.assert_poll(**call)
+    one_cause(caught, POLL_CONDITIONS, broken)
 
 
 def test_assert_poll_holds_while_draining(world: World) -> None:
@@ -967,8 +1011,17 @@ def test_assert_poll_holds_while_draining(world: World) -> None:
     assert world.store.head() == before
 
 
-REFRESH_CONDITIONS = ["runner-draining", "runner-generation", "proxy-id", "proxy-revision-above", "unknown-lease",
-                      "lease-settled", "lease-generation", "lease-expired"]
+# Each cause a refresh is refused for, and the words only its message says.
+REFRESH_CONDITIONS = {
+    "runner-draining": "the runner is draining; lease authority is refreshed only while it is accepting",
+    "runner-generation": "expected_generation is 2 but the runner is at generation 1",
+    "proxy-id": "proxy_authority.id proxy-2 is not the runner's (the runner is bound to proxy-1",
+    "proxy-revision-above": "proxy_authority.revision 2 is not the runner's 1 (rotate_proxy_authority first",
+    "unknown-lease": "the runner has no lease lease-nobody (it never had one, or retention dropped it",
+    "lease-settled": "lease lease-0001 is settled, no longer active (acquire a new lease)",
+    "lease-generation": "lease lease-0001 was granted at generation 1, not lease_generation 2",
+    "lease-expired": "lease lease-0001 expired at 2023-11-14T22:14:20.000Z, 0 ms before now",
+}
 
 
 @pytest.mark.parametrize("broken", REFRESH_CONDITIONS)
@@ -996,8 +1049,10 @@ def test_refresh_lease_authority_conditions(world: World, broken: str) -> None:
     elif broken == "lease-expired":
         world.clock.advance(60_000)
         call["proxy_authority"] = world.proxy()
-    with refused(world, StaleFenceError, "execution location lease refresh fence is stale", call["lease_id"]):
+    with refused(world, StaleFenceError, f"execution location lease refresh fence is stale (lease_id "
+                 f"{call['lease_id']}): ") as caught:
         lifecycle.refresh_lease_authority(**call)
+    one_cause(caught, REFRESH_CONDITIONS, broken)
 
 
 def test_refresh_refuses_a_revision_below_the_runners(world: World) -> None:
@@ -1025,7 +1080,25 @@ AUTHORITY_MUTATIONS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-@pytest.mark.parametrize("broken", [*AUTHORITY_MUTATIONS, "runner-draining", "lease-settled", "lease-expired"])
+# Each cause a lease profile no longer holds authority for, and the words only its message says.
+AUTHORITY_CAUSES = {
+    "generation": "the profile's generation is 2 but the runner is at generation 1",
+    "resources": "the profile's resources (cpu_seconds 601, memory_bytes 1073741824) are not the runner's "
+                 "(cpu_seconds 600, memory_bytes 1073741824",
+    "proxy-id": "the profile's proxy_authority.id proxy-2 is not the runner's (the runner is bound to proxy-1",
+    "proxy-revision": "the profile's proxy_authority.revision 2 is not the runner's 1 (the proxy rotated",
+    "hook-digest": f"the profile's post_session_hook digest {OTHER} is not the runner's {HOOK}",
+    "unknown-lease": "the runner has no lease lease-nobody (it never had one, or retention dropped it",
+    "lease-generation": "lease lease-0001 was granted at generation 1, not lease_generation 2",
+    "lease-expires-at": "the profile's lease expires_at 2023-11-14T22:13:20.001Z is not lease lease-0001's "
+                        "2023-11-14T22:14:20.000Z",
+    "runner-draining": "the runner is draining; a lease holds authority only while its runner is accepting",
+    "lease-settled": "lease lease-0001 is settled, no longer active (stop the session)",
+    "lease-expired": "lease lease-0001 expired at 2023-11-14T22:14:20.000Z, 0 ms before now",
+}
+
+
+@pytest.mark.parametrize("broken", AUTHORITY_CAUSES)
 def test_assert_lease_authority_conditions(world: World, broken: str) -> None:
     lifecycle = world.started()
     receipt = acquire(world, lifecycle, ttl_ms=60_000)
@@ -1043,8 +1116,10 @@ def test_assert_lease_authority_conditions(world: World, broken: str) -> None:
         lifecycle.settle_lease(lease_id=receipt.lease.id, lease_generation=1, result_digest=RESULT)
     else:
         world.clock.advance(60_000)
-    with refused(world, StaleFenceError, "execution location runner lease authority is stale", profile.lease.id):
+    with refused(world, StaleFenceError, f"execution location runner lease authority is stale (lease_id "
+                 f"{profile.lease.id}): ") as caught:
         assert_lease_authority(profile, "local", now=now)
+    one_cause(caught, AUTHORITY_CAUSES, broken)
 
 
 @pytest.mark.parametrize("drift", ["target", "base-dir"])
@@ -1089,7 +1164,10 @@ def test_initialize_refuses_identity_drift(world: World, drift: str) -> None:
     other_dir = world.tmp / "other"
     other_dir.mkdir()
     changed = {"target": "ssh"} if drift == "target" else {"base_dir": str(other_dir)}
-    with refused(world, LifecycleError, "runner lifecycle identity drifted", "runner-1") as info:
+    # The one value that differs, recorded and given, and the way on.
+    words = ("runner runner-1 was initialized with target local, not ssh (use the recorded target" if drift == "target"
+             else f"runner runner-1 was initialized with base_dir {str(world.base_dir)!r}, not {str(other_dir)!r}")
+    with refused(world, LifecycleError, "runner lifecycle identity drifted: ", words) as info:
         world.runner(**changed).initialize()
     assert not isinstance(info.value, StaleFenceError | AuthorityError | InvalidInputError)
 
@@ -1140,9 +1218,9 @@ def test_initialize_keeps_the_recorded_resources_and_hook(world: World) -> None:
 
 def test_commands_need_an_initialized_runner(world: World) -> None:
     lifecycle = world.runner()
-    with refused(world, UnknownRunnerError, "runner-1"):
+    with refused(world, UnknownRunnerError, "runner runner-1 is not initialized (call initialize() first)"):
         lifecycle.snapshot()
-    with refused(world, UnknownRunnerError, "runner-1"):
+    with refused(world, UnknownRunnerError, "runner runner-1 is not initialized (call initialize() first)"):
         lifecycle.request_drain(expected_generation=1)
 
 
