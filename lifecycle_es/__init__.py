@@ -47,7 +47,7 @@ from .receipts import (
 )
 from .seal import Seal
 from .state import Drain, Lease, ProxyRef, RunnerCapacityError, RunnerState
-from .store import EventStore
+from .store import EventStore, WriteTransaction
 from .values import ProxyAuthority, Resources
 
 __all__ = [
@@ -99,6 +99,7 @@ __all__ = [
     "StorePragmaError",
     "UnknownRunnerError",
     "VerifyReport",
+    "WriteTransaction",
     "assert_lease_authority",
     "audit",
     "lifecycle_profile_from_lease",

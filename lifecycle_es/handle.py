@@ -26,7 +26,7 @@ from .preflight import preflight_writable_directory
 from .replay import EMPTY, Folded, load, write_snapshot
 from .runner import apply
 from .state import RunnerState
-from .store import EventStore, _WriteTransaction
+from .store import EventStore, WriteTransaction
 from .values import MAX_PATH_CHARS, Resources, safe_digest, safe_id, safe_int, safe_path, safe_target, shown
 
 DEFAULT_SNAPSHOT_EVERY = 64
@@ -105,7 +105,7 @@ class RunnerHandle:
         """The lifecycle's clock now, in epoch milliseconds (checked: an int in range)."""
         return self._clock()
 
-    def _catch_up(self, tx: _WriteTransaction | None = None) -> Folded:
+    def _catch_up(self, tx: WriteTransaction | None = None) -> Folded:
         """The runner's state as of the log's current end (reads only the events this handle has not seen).
 
         Inside a write transaction `tx` the stream's version is read through it, under the lock, and
@@ -157,7 +157,7 @@ class RunnerHandle:
         self._folded = folded
         return state, recorded
 
-    def _stamp(self, tx: _WriteTransaction, state: RunnerState | None) -> int:
+    def _stamp(self, tx: WriteTransaction, state: RunnerState | None) -> int:
         """The time a command's events are stamped: the clock, but never before the log's head or the
         stream's last event (a clock stepped back must neither stop the commands nor run the log backwards).
 

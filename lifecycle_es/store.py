@@ -201,9 +201,9 @@ class EventStore:
         """The fence's cause, or None."""
         return self._fence
 
-    def transaction(self, action: str = "write") -> _WriteTransaction:
+    def transaction(self, action: str = "write") -> WriteTransaction:
         """A write transaction: read the head and streams under the lock, then append. All or nothing."""
-        return _WriteTransaction(self, action)
+        return WriteTransaction(self, action)
 
     def _write(self, action: str) -> Any:
         if self._fence is not None:
@@ -478,15 +478,16 @@ def _too_large(bodies: Sequence[tuple[str, bytes]]) -> InvalidInputError:
                                        f"{MAX_EVENT_BYTES:,} bytes an event may hold (MAX_EVENT_BYTES)")
 
 
-class _WriteTransaction:
-    """The write side's unit of work: decisions read state under the lock, then append."""
+class WriteTransaction:
+    """The write side's unit of work, from `EventStore.transaction`: decisions read state under the lock
+    (`stream_version`, `read_stream`, `head_at`), then append, all committed together or not at all."""
 
     def __init__(self, store: EventStore, action: str) -> None:
         self._store = store
         self._action = action
         self._context: Any = None
 
-    def __enter__(self) -> _WriteTransaction:
+    def __enter__(self) -> WriteTransaction:
         self._context = self._store._write(self._action)
         self._context.__enter__()
         return self
