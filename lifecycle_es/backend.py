@@ -1,8 +1,9 @@
 """The interface between `EventStore` and a database: everything the store, the projections, the audit
 and the command line need from one, as named methods (no SQL crosses it).
 
-The SQLite backend (``sqlite.py``) is the one shipped; ``tests/test_backend_contract.py`` holds the
-contract every backend must pass, one abstract case subclassed once per backend. Rows are
+Two backends implement it: SQLite (``sqlite.py``, the default) and PostgreSQL (``postgres.py``);
+``backends.py`` picks one for a path or a URL. ``tests/store/backend_contract.py`` holds the contract
+every backend must pass, one abstract case subclassed once per backend. Rows are
 ``(seq, stream, version, type, at, body, prev, hash)``.
 
 Sizes: an event's body is at most `MAX_EVENT_BYTES` (512 KiB; the largest a command writes is a
@@ -14,6 +15,7 @@ IntegrityError at its seq.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -56,6 +58,11 @@ class Backend(Protocol):
 
     def data_version(self) -> int:
         """A number that changes when another connection commits (followers poll it)."""
+        ...
+
+    def wait(self, timeout: float, stop: threading.Event | None = None) -> None:
+        """Return once another connection may have committed, or after `timeout` seconds (sooner when
+        `stop` is set): followers call it between polls of `data_version`."""
         ...
 
     def close(self) -> None:

@@ -78,13 +78,14 @@ class StoreError(LifecycleError):
 
 
 class StorePragmaError(StoreError):
-    """A pragma of the connection profile did not read back as it was set."""
+    """A pragma of the connection profile did not read back as it was set, or a PostgreSQL server's setting
+    (`pragma` names it) would let it lose what it acknowledged."""
 
-    def __init__(self, pragma: str, wanted: object, got: object) -> None:
+    def __init__(self, pragma: str, wanted: object, got: object, *, message: str | None = None) -> None:
         self.pragma = pragma
         self.wanted = wanted
         self.got = got
-        super().__init__(f"pragma {pragma} did not take: wanted {wanted!r}, got {got!r}")
+        super().__init__(message or f"pragma {pragma} did not take: wanted {wanted!r}, got {got!r}")
 
 
 class StoreFormatError(StoreError):

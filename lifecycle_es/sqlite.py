@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, cast
@@ -370,6 +372,13 @@ class SqliteBackend(ReadModelTables):
         """SQLite's data_version: changes when another connection commits."""
         with translated("read data_version"):
             return int(_pragma(self.conn, "data_version"))
+
+    def wait(self, timeout: float, stop: threading.Event | None = None) -> None:
+        """Sleep `timeout` seconds (or until `stop` is set): SQLite tells no one of a commit, so followers poll."""
+        if stop is not None:
+            stop.wait(timeout)
+        else:
+            time.sleep(timeout)
 
     def snapshot(self, stream: str) -> tuple[int, int, bytes, bytes] | None:
         """(version, seq, state, event_hash) of a stream's snapshot, if any."""

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from . import chain
 from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, Row
+from .backends import is_url, open_backend
 from .canonical import MAX_EPOCH_MS, iso_ms, timestamp
 from .errors import (
     ConcurrencyError,
@@ -45,8 +46,6 @@ from .events import Event, encode_all
 from .files import text_path
 from .log import Head, RecordedEvent, VerifyReport
 from .seal import Seal, check_seal, read_seal, write_seal
-from .sqlite import SqliteBackend
-from .sqlite_profile import DURABILITY
 from .values import safe_id, safe_int, shown
 from .verify import ChainCheck, well_formed_at
 
@@ -100,6 +99,11 @@ class EventStore:
              seal: str | os.PathLike[str] | None = None, read_only: bool = False) -> EventStore:
         """Open the store at `path`, creating it (mode 0600) when it is missing.
 
+        `path` is an SQLite file, or a ``postgresql://`` URL naming a schema on a PostgreSQL server (the
+        ``postgres`` extra; see ``backends.py`` for its ``schema`` and ``notify`` parameters), created
+        there when missing. Everything below holds on both, except `vfs` (SQLite only) and the default
+        seal (a file store's ``<path>.seal``; a server's store checks a seal only when one is named).
+
         `key`: 32 bytes; a store created with a key is keyed for life (its hashes are blake3 MACs),
         and opening it with a different key raises StoreKeyError. Without the key a keyed store opens
         read-only. `durability`: ``"full"`` (every commit is synced: nothing acknowledged is lost on
@@ -113,7 +117,7 @@ class EventStore:
         """
         path = text_path(path, "path")
         # isinstance first: an unhashable value must be refused, not raise TypeError on the lookup.
-        if not isinstance(durability, str) or durability not in DURABILITY:
+        if not isinstance(durability, str) or durability not in ("full", "normal"):
             raise InvalidInputError("durability", f"durability is invalid: {durability!r} (use 'full' or 'normal')")
         safe_int(busy_timeout_ms, "busy_timeout_ms", 0, 3_600_000)
         key = _validate_key(key)
@@ -126,13 +130,13 @@ class EventStore:
         if not isinstance(read_only, bool):
             # bool() would read "no" or "false" as True; only a real bool says what the caller meant.
             raise InvalidInputError("read_only", f"read_only is invalid: {read_only!r} is not a bool")
-        backend = SqliteBackend(path, durability=durability, busy_timeout_ms=busy_timeout_ms, vfs=vfs,
-                                read_only=read_only)
+        backend = open_backend(path, durability=durability, busy_timeout_ms=busy_timeout_ms, vfs=vfs,
+                               read_only=read_only)
         try:
             store = cls(backend, key=key, now=now or (lambda: time.time_ns() // 1_000_000))
-            seal_path = seal if seal is not None else path + ".seal"
+            seal_path = seal if seal is not None or is_url(path) else path + ".seal"
             # lexists: a link where the seal belongs, dangling or not, is read (and refused), not skipped.
-            if seal is not None or os.path.lexists(seal_path):
+            if seal_path is not None and (seal is not None or os.path.lexists(seal_path)):
                 store.check_seal(seal_path)
         except BaseException:
             backend.close()
@@ -165,7 +169,7 @@ class EventStore:
 
     @property
     def path(self) -> str:
-        """The store file's path."""
+        """The store file's path, or a server store's URL (its password masked)."""
         return self._backend.path
 
     @property
@@ -352,8 +356,10 @@ class EventStore:
                stop: threading.Event | None = None) -> Iterator[RecordedEvent]:
         """Yield events after `after` as they are committed, by this or any other process.
 
-        Change detection is ``PRAGMA data_version`` (one cheap read per poll); the log is only read
-        when it moved. Stops when `stop` is set, or when the caller stops iterating.
+        Change detection is the backend's data version (SQLite's ``PRAGMA data_version``, a server's head
+        row: one cheap read per poll); the log is only read when it moved. Between polls it waits up to
+        `poll_interval` (on a server, woken at once by an append's NOTIFY). Stops when `stop` is set, or
+        when the caller stops iterating.
         """
         if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not (
                 0 < poll_interval <= 3600):
@@ -373,10 +379,7 @@ class EventStore:
                     last = recorded.seq
                     yield recorded
                 continue
-            if stop is not None:
-                stop.wait(poll_interval)
-            else:
-                time.sleep(poll_interval)
+            self._backend.wait(poll_interval, stop)
 
     # --- proving -------------------------------------------------------------------------------------
 
@@ -428,6 +431,9 @@ class EventStore:
         if self.key_id is not None and self._key is None:
             raise StoreKeyError("sealing a keyed store needs its key")
         head = self.head()
+        if path is None and is_url(self.path):
+            raise InvalidInputError("path", "a store on a server has no file to seal beside: name the seal file "
+                                            "(it stays on the host that keeps it)")
         target = text_path(path, "path") if path is not None else self.path + ".seal"
         sealed = Seal(store_id=self.store_id.hex(), seq=head.seq, hash=head.hash.hex(),
                       at=head.at or iso_ms(self._now()), key_id=self.key_id)

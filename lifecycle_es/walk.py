@@ -19,9 +19,9 @@ from collections.abc import Callable, Collection
 from typing import NamedTuple
 
 from .backend import Row
+from .backends import open_backend
 from .errors import IntegrityError, LifecycleError
 from .replay import Fold
-from .sqlite import SqliteBackend
 from .state import RunnerState
 from .store import EventStore
 from .verify import ChainCheck
@@ -157,7 +157,7 @@ def _replay_row(folding: Fold, row: Row) -> None:
 
 def open_for_audit(path: str, key: bytes | None) -> EventStore:
     """The store at `path` opened read-only for a walk: nothing changed on it, no seal checked."""
-    backend = SqliteBackend(path, durability="full", busy_timeout_ms=BUSY_TIMEOUT_MS, read_only=True)
+    backend = open_backend(path, busy_timeout_ms=BUSY_TIMEOUT_MS, read_only=True)
     try:
         return EventStore(backend, key=key, now=lambda: time.time_ns() // 1_000_000)
     except BaseException:

@@ -8,11 +8,13 @@ fleet logs the command-line, audit and store tests read (built once per module t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fleets import KEY, fleet_in, long_in
+from pg import NEED, Server, binaries, cluster
 
 from lifecycle_es import EventStore
 from lifecycle_es.testing import FakeClock
@@ -50,3 +52,25 @@ def keyed_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def long_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A log long enough for the audit's worker processes (two ranges and a bit)."""
     return long_in(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Server]:
+    """A throwaway PostgreSQL cluster for the whole run (see ``pg.py``); skipped, saying how to get one,
+    where the machine has no PostgreSQL binaries, unless LIFECYCLE_ES_REQUIRE_POSTGRES is set (CI)."""
+    if binaries() is None:
+        if os.environ.get("LIFECYCLE_ES_REQUIRE_POSTGRES"):
+            pytest.fail(NEED)
+        pytest.skip(NEED)
+    with cluster() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(pg_server: Server) -> Iterator[str]:
+    """The URL of a store of this test's own on the cluster (its schema dropped afterwards)."""
+    schema = pg_server.new_schema()
+    try:
+        yield pg_server.url(schema)
+    finally:
+        pg_server.drop(schema)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from lifecycle_es import chain
+from lifecycle_es.backends import has_password, is_url, mask_password, open_backend
 from lifecycle_es.errors import StoreKeyError
 from lifecycle_es.files import (
     NOT_PRIVATE,
@@ -29,7 +30,6 @@ from lifecycle_es.files import (
     text_path,
 )
 from lifecycle_es.seal import MAX_SEAL_BYTES
-from lifecycle_es.sqlite import SqliteBackend
 from lifecycle_es.store import EventStore
 
 from .exits import EXIT_DATAERR, EXIT_IOERR, EXIT_NOINPUT, EXIT_USAGE, CommandError
@@ -109,13 +109,26 @@ def require_file(path: str, what: str = "store", arg: str = "FILE") -> str:
     """`path` (named as `arg`) when it is UTF-8 text and something exists there, else CommandError.
 
     64 for a path that is not UTF-8, 66 when nothing is there; what the file is, the reader decides.
+    A store may be a ``postgresql://`` URL instead: whether the server holds one, its open decides;
+    one that carries a password is refused (64), since a command line is visible to every user.
     """
     path = text_path(path, arg)
+    if what == "store" and is_url(path):
+        return require_url(path, arg)
     try:
         os.lstat(path)
     except FileNotFoundError:
         raise CommandError(EXIT_NOINPUT, f"{what} {path!r} does not exist") from None
     return path
+
+
+def require_url(url: str, arg: str = "FILE") -> str:
+    """A store URL as the command line accepts it: never with a password (CommandError 64)."""
+    if has_password(url):
+        raise CommandError(EXIT_USAGE, f"{arg}: {mask_password(url)} carries a password, and a command line is "
+                                       "visible to every user of the machine: put it in ~/.pgpass (or the file "
+                                       "PGPASSFILE names) and leave it out of the URL")
+    return url
 
 
 def open_store(path: str, *, key: bytes | None = None, seal: str | bool | None = None,
@@ -131,7 +144,7 @@ def open_store(path: str, *, key: bytes | None = None, seal: str | bool | None =
     if isinstance(seal, str):
         require_file(seal, "seal", "--seal")
     # The open checks the file's tables (a hostile one is StoreFormatError before any row is read).
-    backend = SqliteBackend(path, durability="full", busy_timeout_ms=BUSY_TIMEOUT_MS, read_only=True)
+    backend = open_backend(path, busy_timeout_ms=BUSY_TIMEOUT_MS, read_only=True)
     try:
         keyed = backend.meta("key_id") is not None
         if key is not None and not keyed:
@@ -140,8 +153,9 @@ def open_store(path: str, *, key: bytes | None = None, seal: str | bool | None =
             raise StoreKeyError("the store is keyed: its hashes are MACs, so checking them needs --key-file")
         store = EventStore(backend, key=key, now=lambda: time.time_ns() // 1_000_000)
         if seal is not False:
-            seal_path = seal if isinstance(seal, str) else path + ".seal"
-            if os.path.lexists(seal_path):  # a link there, dangling or not, is read and refused, never skipped
+            seal_path = seal if isinstance(seal, str) else None if is_url(path) else path + ".seal"
+            # A link there, dangling or not, is read and refused, never skipped.
+            if seal_path is not None and os.path.lexists(seal_path):
                 store.check_seal(seal_path)
     except BaseException:
         backend.close()
@@ -156,6 +170,8 @@ def default_seal(path: str, seal: str | None) -> str | None:
     """
     if seal is not None:
         seal = require_file(seal, "seal", "--seal")
+    elif is_url(path):
+        return None  # a server's store has no file beside it: its seal is named
     else:
         beside = text_path(path, "FILE") + ".seal"
         if not os.path.lexists(beside):

@@ -3,6 +3,7 @@
     lifecycle-es rebuild runners.db          drop snapshots and read models, rebuild them by replay
     lifecycle-es rebuild runners.db --key-file store.key    the same for a keyed store (snapshots are MAC'd)
     lifecycle-es seal runners.db             verify the chain, then write the head to runners.db.seal
+    lifecycle-es seal postgresql://db/fleet -o fleet.seal    a server's store: the seal file is named
 
 A seal blesses the head it records, so ``seal`` verifies the chain first (``--no-verify`` skips that,
 for a log just audited). A log already behind an earlier seal is refused, not re-sealed.
@@ -11,13 +12,15 @@ for a log just audited). A log already behind an earlier seal is refused, not re
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
+from lifecycle_es.backends import is_url
 from lifecycle_es.store import EventStore
 
 from .access import open_store, read_key_file, require_file
-from .exits import EXIT_OK, printable
+from .exits import EXIT_OK, EXIT_USAGE, CommandError, printable
 
 
 def register(subparsers: Any) -> None:
@@ -26,7 +29,7 @@ def register(subparsers: Any) -> None:
         "rebuild", help="drop and rebuild snapshots and read models from the log alone",
         description="Replay the log and rewrite the snapshots and the runners/leases read models in one "
                     "transaction. The log itself is never written.")
-    rebuild.add_argument("file", metavar="FILE", help="the store file")
+    rebuild.add_argument("file", metavar="FILE", help="the store file, or a postgresql:// URL")
     rebuild.add_argument("-k", "--key-file", metavar="K",
                          help="the store key (a keyed store's snapshots carry a MAC only its key can make)")
     rebuild.set_defaults(run=run_rebuild)
@@ -35,7 +38,9 @@ def register(subparsers: Any) -> None:
         "seal", help="write the log's head to FILE.seal, so a rollback or truncation shows later",
         description="Verify the chain, then write the head (store id, seq, hash, at) to FILE.seal (0600, a MAC "
                     "in keyed mode). A later audit or open of a log behind it fails.")
-    seal.add_argument("file", metavar="FILE", help="the store file")
+    seal.add_argument("file", metavar="FILE", help="the store file, or a postgresql:// URL")
+    seal.add_argument("-o", "--out", metavar="SEAL",
+                      help="where to write the seal (default: FILE.seal; a URL's store needs one)")
     seal.add_argument("-k", "--key-file", metavar="K", help="the store key (a keyed store's seal is a MAC)")
     seal.add_argument("--no-verify", action="store_true", help="seal without verifying the chain first")
     seal.set_defaults(run=run_seal)
@@ -59,14 +64,21 @@ def run_rebuild(args: argparse.Namespace) -> int:
 def run_seal(args: argparse.Namespace) -> int:
     """Verify the chain and seal the head."""
     key = read_key_file(args.key_file) if args.key_file else None
-    with open_store(args.file, key=key, need_key=True) as store:
+    require_file(args.file)
+    if args.out is None and is_url(args.file):
+        raise CommandError(EXIT_USAGE, "seal: a store on a server has no file to seal beside: name the seal "
+                                       "file with -o (it stays on the host that keeps it)")
+    out = args.out if args.out is not None else args.file + ".seal"
+    # A log already behind the seal it would replace is refused, not re-sealed.
+    earlier = out if os.path.lexists(out) else False
+    with open_store(args.file, key=key, need_key=True, seal=earlier) as store:
         started = time.perf_counter()
         verified = None if args.no_verify else store.verify(key=key)
-        sealed = store.seal()
+        sealed = store.seal(out)
         if verified is not None and sealed.seq != verified.head.seq:
             # Another process appended between the two: what the seal blesses must have been verified too.
             verified = store.verify(key=key)
     checked = "not verified" if verified is None else (
         f"{verified.events:,} events verified in {time.perf_counter() - started:.2f} s")
-    print(printable(f"sealed {args.file} at seq {sealed.seq:,}, hash {sealed.hash} ({checked}) -> {args.file}.seal"))
+    print(printable(f"sealed {args.file} at seq {sealed.seq:,}, hash {sealed.hash} ({checked}) -> {out}"))
     return EXIT_OK

@@ -12,15 +12,20 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import apsw
+import psycopg
 import pytest
 from backend_contract import KEY_ID, LogRows, commit, flat, lease_row, runner_row, store_over
 from faultvfs import FaultVFS
+from pg import Server
 
 from lifecycle_es.backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Backend
+from lifecycle_es.backends import open_backend, server_target
 from lifecycle_es.errors import IntegrityError, StoreBusyError, StoreFencedError, StoreFormatError, StoreIOError
 from lifecycle_es.events import ReclaimCompleted
+from lifecycle_es.postgres import PostgresBackend, _ServerTransaction
 from lifecycle_es.sqlite import SqliteBackend
 
 READ_MODEL_TABLES = {"runners", "leases", "read_model_position"}
@@ -402,3 +407,52 @@ class TestSqliteBackend(BackendContract):
         with contextlib.closing(conn):
             conn.set_busy_timeout(5000)
             conn.execute("CREATE TRIGGER skip BEFORE INSERT ON events BEGIN SELECT RAISE(IGNORE); END")
+
+
+class TestPostgresBackend(BackendContract):
+    """The PostgreSQL backend: a store in a schema of its own on the throwaway cluster."""
+
+    @pytest.fixture
+    def store_place(self, pg_server: Server) -> Iterator[None]:
+        self.server = pg_server
+        self.schema = pg_server.new_schema()
+        self.url = pg_server.url(self.schema)
+        yield
+        pg_server.drop(self.schema)
+
+    def open_backend(self, *, read_only: bool = False, busy_timeout_ms: int = 5000) -> Backend:
+        return open_backend(self.url, busy_timeout_ms=busy_timeout_ms, read_only=read_only)
+
+    def open_with_unknown_outcome(self) -> Backend:
+        # The server process serving this connection is killed once the transaction's statements ran and
+        # before its COMMIT is sent: the connection is lost with the COMMIT in flight.
+        return _DyingAtCommit(server_target(self.url), durability="full", busy_timeout_ms=5000)
+
+    def replace_storage(self) -> None:
+        with self.server.connect() as conn:  # type: ignore[attr-defined]
+            conn.execute(f"DROP SCHEMA {self.schema} CASCADE")
+        open_backend(self.url).close()
+
+    def drop_inserts(self) -> None:
+        with self.server.connect() as conn:  # type: ignore[attr-defined]
+            conn.execute(f"CREATE RULE skip AS ON INSERT TO {self.schema}.events DO INSTEAD NOTHING")
+
+
+class _DyingAtCommit(PostgresBackend):
+    """A backend whose write transactions lose their connection just before COMMIT."""
+
+    def write(self, action: str) -> _ServerTransaction:
+        return _DyingTransaction(self, action)
+
+
+class _DyingTransaction(_ServerTransaction):
+    __slots__ = ()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> Literal[False]:
+        if exc is None:
+            conn = self.backend.conn
+            self.pipeline.sync()
+            pid = conn.info.backend_pid
+            with psycopg.connect(conn.info.dsn, autocommit=True) as killer:
+                killer.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+        return super().__exit__(kind, exc, tb)

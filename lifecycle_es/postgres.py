@@ -1,0 +1,490 @@
+"""The PostgreSQL backend: one psycopg connection to one store schema on a server, behind `Backend`.
+
+A write transaction runs at READ COMMITTED and takes the one-row ``head`` table ``FOR UPDATE`` before
+it reads anything (Commanded's EventStore does the same): writers queue on that row, so commit order is
+seq order and a follower reading ``seq > last`` never meets a gap that a slower writer fills later. The
+statements go in pipeline mode: BEGIN, the lock's timeout and the lock in one round trip, each read the
+command makes in one more, and the rows, ``advance_head`` (which proves they landed), the NOTIFY and
+COMMIT in the last. A connection lost
+while a COMMIT was in flight leaves its outcome unknown (StoreIOError with ``outcome_unknown``), and the
+store fences itself, as on SQLite.
+
+The store's identity is its id with the server's system identifier: a handle that reconnects (its
+connection was lost) and finds another store, another cluster, or a head behind what it committed (a
+restore, or a failover that lost commits) is fenced. Followers wait on LISTEN/NOTIFY on a connection of
+their own, with polling as the fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+import psycopg
+
+from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Row, Tail
+from .backends import ServerTarget
+from .errors import IntegrityError, StoreBehindSealError, StoreFencedError, StoreFormatError, StoreIOError
+from .postgres_errors import translated, translation
+from .postgres_read_models import ServerReadModelTables
+from .postgres_schema import (
+    ROW_COLUMNS,
+    check_format,
+    check_settings,
+    connect,
+    create,
+    schema_problems,
+    store_exists,
+)
+
+CHANNEL_PREFIX = "lifecycle_es_"
+
+
+class PostgresBackend(ServerReadModelTables):
+    """One psycopg connection to a store schema on a PostgreSQL server (see the module's docstring)."""
+
+    def __init__(self, target: ServerTarget, *, durability: str, busy_timeout_ms: int,
+                 read_only: bool = False) -> None:
+        self.target = target
+        self.path = target.shown
+        self.schema = target.schema
+        self.read_only = read_only
+        self._durability = durability
+        self._lock_timeout = f"{busy_timeout_ms}ms" if busy_timeout_ms > 0 else "1ms"
+        self._writing = False
+        # The last seq this handle committed, and the one its open transaction appended up to.
+        self._acked = 0
+        self._pending = 0
+        self._pipeline: Any = None
+        self._listener: psycopg.Connection[Any] | None = None
+        self._sql = _Statements(target.schema)
+        self.conn = self._open()
+        self.identity = self._identity(self.conn)
+
+    def _open(self) -> psycopg.Connection[Any]:
+        conn = connect(self.target, read_only=self.read_only)
+        try:
+            if not self.read_only:
+                check_settings(conn, durability=self._durability, where=self.path)
+                if self._durability == "normal":
+                    with translated("open", self.path):
+                        conn.execute("SET synchronous_commit = off")
+                if not store_exists(conn, self.schema):
+                    create(conn, self.schema, where=self.path)
+            check_format(conn, self.schema, self.path)
+            if not self.read_only:
+                problems = schema_problems(conn, self.schema)
+                if problems:
+                    raise StoreFormatError(
+                        f"{self.path} was altered outside lifecycle-es, so it is not opened for writing: "
+                        f"{'; '.join(problems[:5])}" + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
+                        + "; audit it (lifecycle-es audit) and restore the store from a good copy")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _identity(self, conn: psycopg.Connection[Any]) -> tuple[int, int]:
+        try:
+            row = conn.execute(self._sql.identity).fetchone()
+        except psycopg.errors.UndefinedTable:
+            row = None
+        except psycopg.Error as exc:
+            raise translation("read the store's identity", exc, self.path) from exc
+        if row is None or row[1] is None:
+            raise StoreFencedError(f"the store in {self.path} is gone (schema {self.schema!r} holds no store id)")
+        return (int(row[0]), int.from_bytes(bytes(row[1])[:8], "big"))
+
+    def file_identity(self) -> tuple[int, int]:
+        """The cluster's system identifier and the store's id, read now (one round trip).
+
+        A lost connection is reconnected here: what the new one finds is returned, and a head behind the
+        last seq this handle committed is StoreBehindSealError (the server lost acknowledged commits).
+        """
+        if not (self.conn.closed or self.conn.broken):
+            if self._writing:
+                return self.identity  # inside a write transaction, its head row lock holds the store
+            return self._identity(self.conn)
+        self._drop_listener()
+        try:
+            conn = self._open()
+        except StoreFormatError as exc:
+            raise StoreFencedError(f"the store in {self.path} is not the one this handle opened: {exc}") from None
+        try:
+            identity = self._identity(conn)
+            if identity == self.identity and self._acked:
+                with translated("read head", self.path):
+                    row = conn.execute(self._sql.head).fetchone()
+                if row is None or row[0] < self._acked:
+                    raise StoreBehindSealError(
+                        f"the server lost commits this handle had acknowledged (a restore or a failover?): the store "
+                        f"in {self.path} reconnected behind them",
+                        sealed_seq=self._acked, head_seq=row[0] if row else 0)
+        except BaseException:
+            conn.close()
+            raise
+        with contextlib.suppress(psycopg.Error):
+            self.conn.close()
+        self.conn = conn
+        return identity
+
+    def schema_problems(self) -> list[str]:
+        """How the schema differs from the store's (see `postgres_schema.schema_problems`); empty when exact."""
+        with translated("check the store's schema", self.path):
+            return schema_problems(self.conn, self.schema)
+
+    # --- transactions -------------------------------------------------------------------------------
+
+    def write(self, action: str) -> _ServerTransaction:
+        """A write transaction that holds the head row from its first round trip to COMMIT."""
+        return _ServerTransaction(self, action)
+
+    @contextlib.contextmanager
+    def read_tx(self, action: str) -> Iterator[psycopg.Connection[Any]]:
+        """A REPEATABLE READ transaction: one consistent view of the log for several queries."""
+        if self._writing:
+            yield self.conn
+            return
+        self._live()
+        with translated(action, self.path):
+            self.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            yield self.conn
+        finally:
+            with translated(action, self.path):
+                if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    self.conn.execute("ROLLBACK")
+
+    # --- queries ------------------------------------------------------------------------------------
+
+    def _live(self) -> None:
+        """Reconnect a lost connection before a statement outside a transaction (see `file_identity`)."""
+        if (self.conn.closed or self.conn.broken) and not self._writing:
+            self.file_identity()
+
+    def _rows(self, action: str, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self._live()
+        with translated(action, self.path):
+            return self.conn.execute(query, params).fetchall()
+
+    def meta(self, key: str) -> bytes | None:
+        """A value of the ``meta`` table."""
+        rows = self._rows("read meta", self._sql.meta, (key,))
+        return bytes(rows[0][0]) if rows else None
+
+    def set_meta(self, key: str, value: bytes) -> None:
+        """Insert a ``meta`` value (inside a write transaction)."""
+        self._rows_none("write meta", self._sql.set_meta, (key, value))
+
+    def _rows_none(self, action: str, query: str, params: Sequence[Any] = ()) -> None:
+        with translated(action, self.path):
+            self.conn.execute(query, params)
+
+    def head(self) -> tuple[int, bytes | None, str | None]:
+        """(seq, hash, at) of the last event; (0, None, None) for an empty log."""
+        rows = self._rows("read head", self._sql.last)
+        return (rows[0][0], bytes(rows[0][1]), rows[0][2]) if rows else (0, None, None)
+
+    def head_at(self) -> str | None:
+        """The head's at (None for an empty log)."""
+        return self.head()[2]
+
+    def stream_version(self, stream: str) -> int:
+        """The last version of a stream (0 when it has none)."""
+        rows = self._rows("read stream version", self._sql.stream_version, (stream,))
+        return int(rows[0][0]) if rows else 0
+
+    def tail(self, stream: str) -> Tail:
+        """(stream version, head seq, head hash, head at): in a write transaction, read once the head row is
+        locked, so no other writer's commit can follow it; the head row must agree with the last event."""
+        rows = self._rows("read stream version and head", self._sql.tail, (stream,))
+        version, seq, digest, at = rows[0]
+        return (int(version or 0), int(seq or 0), bytes(digest) if digest is not None else None, at)
+
+    def insert(self, rows: Sequence[Row]) -> None:
+        """Insert event rows (inside a write transaction) and queue ``advance_head``, which raises (and so
+        fails the COMMIT) unless the rows written are the log's last, then the NOTIFY."""
+        if not rows:
+            return
+        with translated("append", self.path):
+            for chunk in _chunks(rows):
+                with self.conn.cursor() as cursor:
+                    cursor.executemany(self._sql.insert, chunk)
+                if chunk is not rows and self._pipeline is not None:
+                    # A pipeline that sends many megabytes before it reads a result can stall with the
+                    # server (both sides' buffers full): a sync each chunk keeps it moving.
+                    self._pipeline.sync()
+            last = rows[-1]
+            self.conn.execute(self._sql.advance, (rows[0][0], rows[0][6], last[0], last[7], last[4]))
+            if self.target.notify:
+                self.conn.execute(self._sql.notify, (str(last[0]),))
+        self._pending = last[0]
+
+    def pages(self, *, after: int, stream: str | None, limit: int | None = None) -> Iterator[list[Row]]:
+        """Rows with seq > `after` in seq order (of one stream, at most `limit`), in pages bounded by
+        PAGE_ROWS and PAGE_BYTES; a body beyond MAX_EVENT_BYTES is IntegrityError at its seq."""
+        while limit is None or limit > 0:
+            want = PAGE_ROWS if limit is None else min(PAGE_ROWS, limit)
+            if stream is None:
+                rows, full = self._page(self._sql.page_all, (after, want))
+            else:
+                rows, full = self._page(self._sql.page_stream_seq, (stream, after, want))
+            if rows:
+                yield rows
+            if not full:
+                return
+            after = rows[-1][0]
+            if limit is not None:
+                limit -= len(rows)
+
+    def stream_pages(self, stream: str, *, after_version: int) -> Iterator[list[Row]]:
+        """One stream's rows with version > `after_version`, in order, in pages (see `pages`)."""
+        while True:
+            rows, full = self._page(self._sql.page_stream, (stream, after_version, PAGE_ROWS))
+            if rows:
+                yield rows
+            if not full:
+                return
+            after_version = rows[-1][2]
+
+    def row_at(self, seq: int) -> Row | None:
+        """The row at `seq`, if any (IntegrityError when its body is beyond the bound)."""
+        rows = self._page(self._sql.row_at, (seq, 1))[0]
+        return rows[0] if rows else None
+
+    def _page(self, query: str, params: Sequence[Any]) -> tuple[list[Row], bool]:
+        """The rows of a page query (its last parameter the LIMIT), up to PAGE_BYTES of bodies, and whether
+        the page is full (the next may hold more). A NULL body stands for one beyond the bound."""
+        found: list[Row] = []
+        size = 0
+        for seq, stream, version, type_, at, body, prev, digest, length in self._rows("read events", query, params):
+            if body is None:
+                if found:
+                    return found, True
+                raise IntegrityError(seq, f"its body is {length:,} bytes, beyond the bound of {MAX_EVENT_BYTES:,} "
+                                          "(MAX_EVENT_BYTES): no command writes one so large", stream=stream)
+            found.append((seq, stream, version, type_, at, bytes(body), bytes(prev), bytes(digest)))
+            size += len(body)
+            if size >= PAGE_BYTES:
+                return found, True
+        return found, len(found) == params[-1]
+
+    def streams(self) -> list[str]:
+        """Every stream id, sorted (byte order, as SQLite sorts)."""
+        return [row[0] for row in self._rows("list streams", self._sql.streams)]
+
+    def seq_bounds(self) -> tuple[int, int | None]:
+        """How many rows the events table holds, and its lowest seq (None when empty)."""
+        ((count, lowest),) = self._rows("count events", self._sql.bounds)
+        return int(count), lowest
+
+    def data_version(self) -> int:
+        """The head row's seq: it moves with every append, by any connection."""
+        self.file_identity()
+        rows = self._rows("read head", self._sql.head)
+        return int(rows[0][0]) if rows else 0
+
+    def wait(self, timeout: float, stop: threading.Event | None = None) -> None:
+        """Return once another connection may have appended (a NOTIFY came) or after `timeout` seconds.
+
+        LISTEN runs on a connection of its own; when it fails (the server restarted) it is dropped and this
+        waits out the timeout: the caller polls `data_version` meanwhile, and the next wait listens again.
+        """
+        if not self.target.notify:
+            _sleep(timeout, stop)
+            return
+        try:
+            listener = self._listen()
+            for _ in listener.notifies(timeout=timeout, stop_after=1):
+                break
+            # Drain what else queued meanwhile: one wake-up per wait, however many commits.
+            for _ in listener.notifies(timeout=0):
+                pass
+        except (psycopg.Error, StoreIOError):
+            self._drop_listener()
+            _sleep(timeout, stop)
+
+    def _listen(self) -> psycopg.Connection[Any]:
+        if self._listener is None or self._listener.closed or self._listener.broken:
+            listener = connect(self.target, read_only=True)
+            listener.execute(f"LISTEN {CHANNEL_PREFIX}{self.schema}")
+            self._listener = listener
+        return self._listener
+
+    def _drop_listener(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._listener.close()
+            self._listener = None
+
+    # --- snapshots ----------------------------------------------------------------------------------
+
+    def snapshot(self, stream: str) -> tuple[int, int, bytes, bytes] | None:
+        """(version, seq, state, event_hash) of a stream's snapshot, if any."""
+        rows = self._rows("read snapshot", self._sql.snapshot, (stream,))
+        return (rows[0][0], rows[0][1], bytes(rows[0][2]), bytes(rows[0][3])) if rows else None
+
+    def put_snapshot(self, stream: str, version: int, seq: int, state: bytes, event_hash: bytes) -> None:
+        """Insert or replace a stream's snapshot (inside a write transaction)."""
+        self._rows_none("write snapshot", self._sql.put_snapshot, (stream, version, seq, state, event_hash))
+
+    def snapshot_positions(self) -> list[tuple[str, int]]:
+        """(stream, seq) of every stored snapshot, by seq."""
+        return [(row[0], row[1]) for row in self._rows("list snapshots", self._sql.snapshot_positions)]
+
+    def clear_snapshots(self) -> None:
+        """Delete every snapshot (inside a write transaction)."""
+        self._rows_none("clear snapshots", self._sql.clear_snapshots)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one raw statement, as `SqliteBackend.execute`: for tests and tools that reach under the store.
+        Not part of `Backend`: nothing in the packages uses it."""
+        with translated("execute", self.path):
+            cursor = self.conn.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._drop_listener()
+        self.conn.close()
+
+
+CHUNK_BYTES = 1 << 20
+
+
+def _chunks(rows: Sequence[Row]) -> Iterator[Sequence[Row]]:
+    """`rows` itself when its bodies are under CHUNK_BYTES, else runs of rows of about that many bytes."""
+    if sum(len(row[5]) for row in rows) < CHUNK_BYTES:
+        yield rows
+        return
+    start = size = 0
+    for index, row in enumerate(rows):
+        size += len(row[5])
+        if size >= CHUNK_BYTES:
+            yield rows[start:index + 1]
+            start, size = index + 1, 0
+    if start < len(rows):
+        yield rows[start:]
+
+
+def _sleep(timeout: float, stop: threading.Event | None) -> None:
+    if stop is not None:
+        stop.wait(timeout)
+    else:
+        time.sleep(timeout)
+
+
+class _ServerTransaction:
+    """`PostgresBackend.write`: the head row locked in the first round trip, COMMIT (or ROLLBACK) at the end,
+    every statement between in pipeline mode."""
+
+    __slots__ = ("action", "backend", "pipeline", "scope")
+
+    def __init__(self, backend: PostgresBackend, action: str) -> None:
+        self.backend = backend
+        self.action = action
+        self.scope: Any = None
+        self.pipeline: Any = None
+
+    def __enter__(self) -> psycopg.Connection[Any]:
+        backend = self.backend
+        conn = backend.conn
+        backend._pending = 0
+        try:
+            self.scope = conn.pipeline()
+            self.pipeline = backend._pipeline = self.scope.__enter__()
+            conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            conn.execute(backend._sql.lock_timeout.format(timeout=backend._lock_timeout))
+            # The tail and every later read come after the lock, each statement with a fresh snapshot: they
+            # see every commit made before the lock was had. Had before this returns: the lock is held from
+            # the transaction's start, as the contract says, not from its first read.
+            conn.execute(backend._sql.lock)
+            self.pipeline.sync()
+        except psycopg.Error as exc:
+            self._abandon()
+            raise translation(self.action, exc, backend.path) from exc
+        backend._writing = True
+        return conn
+
+    def _abandon(self) -> None:
+        """Leave pipeline mode and roll back after an error (the connection may be gone)."""
+        conn = self.backend.conn
+        self.backend._pipeline = None
+        scope, self.scope = self.scope, None
+        with contextlib.suppress(psycopg.Error):
+            if scope is not None:
+                scope.__exit__(None, None, None)
+        with contextlib.suppress(psycopg.Error):
+            if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> Literal[False]:
+        backend = self.backend
+        backend._writing = False
+        conn = backend.conn
+        if exc is not None:
+            self._abandon()
+            if isinstance(exc, psycopg.Error):
+                raise translation(self.action, exc, backend.path) from exc
+            return False
+        try:
+            conn.execute("COMMIT")
+            self.pipeline.sync()
+        except psycopg.Error as error:
+            lost = conn.broken or conn.closed or error.sqlstate is None
+            self._abandon()
+            if lost:
+                raise StoreIOError(f"{self.action}: the connection to {backend.path} failed during COMMIT "
+                                   f"({error}): whether it committed is unknown", outcome_unknown=True) from error
+            raise translation(self.action, error, backend.path) from error
+        scope, self.scope = self.scope, None
+        backend._pipeline = None
+        try:
+            scope.__exit__(None, None, None)
+        except psycopg.Error as error:
+            raise translation(self.action, error, backend.path) from error
+        if backend._pending:
+            backend._acked = backend._pending
+        return False
+
+
+class _Statements:
+    """The backend's statements, with the store's schema in place (a checked identifier)."""
+
+    def __init__(self, schema: str) -> None:
+        s = schema
+        page = (f"SELECT seq, stream, version, type, at, CASE WHEN octet_length(body) > {MAX_EVENT_BYTES} THEN NULL"
+                f" ELSE body END, prev, hash, octet_length(body) FROM {s}.events")
+        self.identity = (f"SELECT (SELECT system_identifier FROM pg_control_system()),"
+                         f" (SELECT value FROM {s}.meta WHERE key = 'store_id')")
+        self.meta = f"SELECT value FROM {s}.meta WHERE key = %s"
+        self.set_meta = f"INSERT INTO {s}.meta (key, value) VALUES (%s, %s)"
+        self.lock_timeout = "SET LOCAL lock_timeout = '{timeout}'"
+        self.lock = f"SELECT seq FROM {s}.head FOR UPDATE"
+        self.head = f"SELECT seq FROM {s}.head"
+        self.last = f"SELECT seq, hash, at FROM {s}.events ORDER BY seq DESC LIMIT 1"
+        self.stream_version = f"SELECT version FROM {s}.events WHERE stream = %s ORDER BY version DESC LIMIT 1"
+        # The head row locked by this transaction, read with the stream's version in one statement. Each
+        # write is checked against the last event by advance_head, so a head row edited by hand fails there.
+        self.tail = (f"SELECT (SELECT version FROM {s}.events WHERE stream = %s ORDER BY version DESC LIMIT 1),"
+                     f" h.seq, h.hash, h.at FROM {s}.head h")
+        self.insert = f"INSERT INTO {s}.events ({ROW_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+        self.advance = f"SELECT {s}.advance_head(%s, %s, %s, %s, %s)"
+        self.notify = f"SELECT pg_notify('{CHANNEL_PREFIX}{s}', %s)"
+        self.page_all = f"{page} WHERE seq > %s ORDER BY seq LIMIT %s"
+        self.page_stream_seq = f"{page} WHERE stream = %s AND seq > %s ORDER BY version LIMIT %s"
+        self.page_stream = f"{page} WHERE stream = %s AND version > %s ORDER BY version LIMIT %s"
+        self.row_at = f"{page} WHERE seq = %s LIMIT %s"
+        self.streams = f'SELECT DISTINCT stream COLLATE "C" FROM {s}.events ORDER BY 1'
+        self.bounds = f"SELECT count(*), min(seq) FROM {s}.events"
+        self.snapshot = f"SELECT version, seq, state, event_hash FROM {s}.snapshots WHERE stream = %s"
+        self.put_snapshot = (f"INSERT INTO {s}.snapshots (stream, version, seq, state, event_hash)"
+                             " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (stream) DO UPDATE SET"
+                             " version = excluded.version, seq = excluded.seq, state = excluded.state,"
+                             " event_hash = excluded.event_hash")
+        self.snapshot_positions = f"SELECT stream, seq FROM {s}.snapshots ORDER BY seq"
+        self.clear_snapshots = f"DELETE FROM {s}.snapshots"
