@@ -107,7 +107,12 @@ class PostgresBackend(ServerReadModelTables):
         if not (self.conn.closed or self.conn.broken):
             if self._writing:
                 return self.identity  # inside a write transaction, its head row lock holds the store
-            return self._identity(self.conn)
+            try:
+                return self._identity(self.conn)
+            except StoreIOError:
+                if not (self.conn.closed or self.conn.broken):
+                    raise
+                # The server closed the connection (a restart, a failover, an administrator): reconnect.
         self._drop_listener()
         try:
             conn = self._open()

@@ -121,6 +121,22 @@ def _functions(schema: str) -> set[tuple[str, str, str, bool]]:
              _ADVANCE.format(s=schema), False)}
 
 
+def writer_grants(schema: str, role: str) -> list[str]:
+    """The statements that let `role` run hosts and commands on the store in `schema`, and no more: it reads
+    and appends events (no UPDATE, DELETE or TRUNCATE on them), moves the head row, and keeps snapshots and
+    the read models. Run them as the store's owner once it exists (the README's PostgreSQL section)."""
+    s = schema
+    return [
+        f"GRANT USAGE ON SCHEMA {s} TO {role}",
+        f"GRANT SELECT ON {s}.meta TO {role}",
+        f"GRANT SELECT, INSERT ON {s}.events TO {role}",
+        f"GRANT SELECT, UPDATE ON {s}.head TO {role}",
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.snapshots TO {role}",
+        f"GRANT CREATE ON SCHEMA {s} TO {role}",
+        f"GRANT EXECUTE ON FUNCTION {s}.advance_head(bigint, bytea, bigint, bytea, text) TO {role}",
+    ]
+
+
 def store_exists(conn: psycopg.Connection[Any], schema: str) -> bool:
     """Whether `schema` holds a ``meta`` table (a store, or something claiming to be one)."""
     row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.meta",)).fetchone()

@@ -74,8 +74,9 @@ def _as_owner(argv: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def cluster() -> Iterator[Server]:
-    """Start a cluster (about a second and a half) and stop and remove it afterwards."""
+def cluster(**settings: str) -> Iterator[Server]:
+    """Start a cluster (about a second and a half) and stop and remove it afterwards; `settings` are server
+    settings on its command line (``fsync="off"``), beside fsync and synchronous_commit on."""
     bindir = binaries()
     if bindir is None:
         raise FileNotFoundError(NEED)
@@ -89,7 +90,8 @@ def cluster() -> Iterator[Server]:
     try:
         subprocess.run(_as_owner([f"{bindir}/initdb", "-D", data, "-U", "postgres", "--auth=trust",
                                   "--no-instructions", "-E", "UTF8", "--locale=C.UTF-8"]), **run)  # type: ignore[call-overload]
-        options = f"-k {directory} -c listen_addresses='' -c fsync=on -c synchronous_commit=on"
+        chosen = {"fsync": "on", "synchronous_commit": "on", **settings}
+        options = f"-k {directory} -c listen_addresses='' " + " ".join(f"-c {k}={v}" for k, v in chosen.items())
         subprocess.run(_as_owner([f"{bindir}/pg_ctl", "-D", data, "-l", f"{directory}/pg.log", "-w", "-o", options,
                                   "start"]), **run)  # type: ignore[call-overload]
         yield Server(directory)
