@@ -24,6 +24,7 @@ variables), so it starts fast and nothing installed can change it. What it does:
    ``cpu_seconds`` soft and one more hard, ``RLIMIT_AS`` ``memory_bytes`` unless the cgroup holds
    memory), the work directory, exec. A failed step is reported on fd 3 (``<step>: <reason>``) and the
    supervisor exits 127 having taken its pid file back; a successful exec closes fd 3 (EOF).
+   The unit's parent-death signal is SIGKILL: a supervisor killed outright takes its unit with it.
 5. Relays SIGTERM, SIGINT and SIGHUP to the unit's process group and to every other live descendant.
 6. When the unit's main process ends, kills (SIGKILL, and ``cgroup.kill``) whatever it left running,
    reaps it all, removes the cgroup, and writes ``unit.end`` into the run directory atomically
@@ -52,6 +53,7 @@ from typing import Any
 
 PID_FILE = "unit.pid"
 END_FILE = "unit.end"
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 REPORT_FD = 3
@@ -245,12 +247,17 @@ def _lower(kind: int, soft: int, hard: int) -> None:
 
 
 def _unit(command: list[str], config: dict[str, Any], cgroup: str | None, memory_in_cgroup: bool,
-          report_w: int) -> None:
+          report_w: int, supervisor: int) -> None:
     """In the forked child: become the unit (never returns)."""
     stage = "setup"
     try:
         for signum in (*RELAYED, signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(signum, signal.SIG_DFL)  # Python ignores SIGPIPE and SIGXFSZ; the unit must not
+        # A supervisor killed outright (SIGKILL) takes its unit with it, rather than leave it to init.
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        if os.getppid() != supervisor:
+            os._exit(127)  # it died before the line above
         os.setpgid(0, 0)
         if cgroup is not None:
             stage = "cgroup"
@@ -341,7 +348,7 @@ def _supervise(config: dict[str, Any], command: list[str]) -> int:
     report_r, report_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _unit(command, config, cgroup, memory, report_w)
+        _unit(command, config, cgroup, memory, report_w, me)
     _unit_pid = pid
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)  # also done by the child: whichever runs first, the group exists for the relay

@@ -42,6 +42,13 @@ STUBBORN = ("import signal,sys,time\nsignal.signal(signal.SIGTERM, signal.SIG_IG
             "open('ready','w').close()\ntime.sleep(120)\n")
 
 
+def unit_pid(handle: UnitRecord) -> int:
+    """The unit's own pid: the one child of its supervisor (the handle's pid)."""
+    children = Path(f"/proc/{handle.pid}/task/{handle.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
 def ready(handle: UnitRecord) -> bool:
     """Whether the unit has installed its SIGTERM handler and read its token."""
     return (Path(handle.run_dir) / "work" / "ready").exists()
@@ -118,7 +125,7 @@ def test_a_killed_unit_parks_its_lease_lost_poll(env, clock) -> None:
     other = lease(lifecycle, clock, "s2")
     handle = host.start(receipt, command=[sys.executable, "-c", POLITE], token=TOKEN)
     host.start(other, command=[sys.executable, "-c", POLITE], token=TOKEN)
-    os.kill(handle.pid, signal.SIGKILL)
+    os.kill(unit_pid(handle), signal.SIGKILL)
     seen: list[tuple[str, str]] = []
 
     def parked() -> bool:
@@ -308,11 +315,12 @@ def test_a_host_killed_between_intent_and_outcome_adopts_its_unit_on_restart(env
     assert wait_for(lambda: ready(adopted))
     run_dir = Path(adopted.run_dir)
     units_in_dir = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cwd(pid) == str(run_dir / "work")]
-    assert units_in_dir == [str(adopted.pid)]
+    assert units_in_dir == [str(unit_pid(adopted))]
     lifecycle.request_drain(expected_generation=1, timeout_ms=60_000)
     host.reconcile()
-    # Not this host's child any more: its end shows as gone, and the lease is parked lost-poll.
+    # Not this host's child, but its supervisor recorded the clean exit: the lease settles.
     assert wait_for(lambda: (host.reconcile() or True) and lifecycle.snapshot().state == "parked")
+    assert lease_status(lifecycle, receipt.lease.id)[0] == "settled"
 
 
 def _cwd(pid: str) -> str:
