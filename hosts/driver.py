@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from lifecycle_es.events import UnitRecord
+from lifecycle_es.events import UNIT_SIGNALS_SENT, UnitRecord
 from lifecycle_es.values import Resources
 
 from .proc import Exec
@@ -95,7 +95,9 @@ class UnitDriver(Protocol):
 
     def stop(self, handle: UnitRecord) -> object:
         """Stop the unit and everything it started (SIGTERM, wait, SIGKILL). Raises UnitStopError when
-        something of it is still alive after that."""
+        something of it is still alive after that. A driver that sends the signals itself returns their
+        names (``("SIGTERM", "SIGKILL")`` for a stop that escalated: `sent_signals` reads it, and
+        ``UnitStopped.signals`` records it); systemd sends its own and says nothing (None)."""
 
     def discard(self, handle: UnitRecord) -> None:
         """Stop a unit just started that the host will not keep, and collect its end."""
@@ -118,4 +120,12 @@ class DriverOptions:
     token_dir: str | None = None
 
 
-__all__ = ["DriverOptions", "UnitDriver", "UnitEnd"]
+def sent_signals(stopped: object) -> tuple[str, ...]:
+    """The signals a driver's `stop` says it sent, as ``UnitStopped.signals`` records them (``()`` when
+    it does not say: systemd sends its own)."""
+    if isinstance(stopped, tuple) and all(sig in UNIT_SIGNALS_SENT for sig in stopped):
+        return stopped
+    return ()
+
+
+__all__ = ["DriverOptions", "UnitDriver", "UnitEnd", "sent_signals"]
