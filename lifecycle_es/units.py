@@ -207,7 +207,7 @@ def _unit_stopped(draft: RunnerDraft, event: UnitStopped, at_ms: int, at: str) -
     lease = _lease(draft, event.lease_id)
     _member(event.reason, UNIT_STOP_REASONS, "reason")
     signals = event.signals
-    if signals:
+    if signals or type(signals) is not tuple:  # () is the common case: one cheap check
         if type(signals) is not tuple or len(signals) > len(UNIT_SIGNALS_SENT):  # a str is not a tuple either
             raise InvalidInputError("signals", f"signals is invalid: {shown(signals)} is not a tuple of at most "
                                                f"{len(UNIT_SIGNALS_SENT)} signals")
