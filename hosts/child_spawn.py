@@ -53,7 +53,7 @@ def spawn_unit(argv: list[str], *, cpu_seconds: int, memory_bytes: int, work_dir
     """
     config = {"run_dir": str(run_dir), "work_dir": str(work_dir), "host": host, "boot_id": boot_id,
               "cpu_seconds": cpu_seconds, "memory_bytes": memory_bytes, "cgroup": cgroup}
-    wrapper = [sys.executable, "-I", "-S", str(SUPERVISOR), json.dumps(config), *argv]
+    supervisor = [sys.executable, "-I", "-S", str(SUPERVISOR), json.dumps(config), *argv]
     name = argv[0]
     opened: list[int] = []
 
@@ -78,12 +78,12 @@ def spawn_unit(argv: list[str], *, cpu_seconds: int, memory_bytes: int, work_dir
         stdin_r, stdin_w = (high(fd) for fd in os.pipe())
         report_r, report_w = (high(fd) for fd in os.pipe())
         try:
-            pid = os.posix_spawn(wrapper[0], wrapper, env, setsid=True, file_actions=[
+            pid = os.posix_spawn(supervisor[0], supervisor, env, setsid=True, file_actions=[
                 (os.POSIX_SPAWN_DUP2, stdin_r, 0), (os.POSIX_SPAWN_DUP2, log_fd, 1),
                 (os.POSIX_SPAWN_DUP2, log_fd, 2), (os.POSIX_SPAWN_DUP2, report_w, 3),
             ])
         except OSError as exc:
-            raise UnitStartError(f"cannot start the unit supervisor {wrapper[0]!r}: {exc.strerror}") from exc
+            raise UnitStartError(f"cannot start the unit supervisor {supervisor[0]!r}: {exc.strerror}") from exc
         for fd in (stdin_r, report_w, log_fd):
             opened.remove(fd)
             os.close(fd)

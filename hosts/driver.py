@@ -19,7 +19,7 @@ transient systemd service. Where they differ:
 - **Observing.** The host is a child unit's parent, so `observe` collects the exit of one that ended
   before it reports it (``stopped``; a zombie would read ``gone``); systemd keeps its units' ends
   itself. `status` looks without collecting anything.
-- **Finding a unit after a crash.** `find_started`: a child by the pid file its wrapper wrote; a
+- **Finding a unit after a crash.** `find_started`: a child by the pid file its supervisor wrote; a
   systemd unit by the proof written before ``systemd-run``, naming the intent's unit and command.
 - **A unit the host may not keep** (its proof could not be written): `discard` stops it, and a child
   is also reaped.

@@ -12,7 +12,7 @@ converges, idempotently:
 - an active lease past its expiry: its unit is stopped and the lease parked ``lost-poll``;
 - draining: SIGTERM to each unit once; at the deadline ``park_expired_drain`` and SIGKILL;
 - an intent with no outcome (the host died mid-start): the unit is looked for (the pid file its
-  wrapper wrote, which must name the intent's command; the proof naming the intent's systemd unit) and
+  supervisor wrote, which must name the intent's command; the proof naming the intent's systemd unit) and
   adopted, or the lease is parked ``checkout-failure``;
 - accepting, parking: a unit whose tasks only wait (``status.json``, see `hosts.park`) until beyond
   `park_threshold_ms` is stopped with its wake time recorded, and started again at that time.
@@ -243,7 +243,7 @@ class Reconciler(abc.ABC):
         """An intent without an outcome: the host died mid-start. Adopt the unit, or end the lease.
 
         The driver finds the unit in the host's own run directory (`hosts.driver.UnitDriver.find_started`:
-        the pid file a child's wrapper wrote, naming the intent's command; the proof written before
+        the pid file a child's supervisor wrote, naming the intent's command; the proof written before
         ``systemd-run``, naming the intent's unit and command).
         """
         own = own_run_dir(self.run_root, view.lease_id)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -99,7 +100,15 @@ def signal_exact(pid: int, ticks: int, signum: int) -> bool:
     """Send `signum` to `pid` only if it is still the process that started at `ticks` (a pidfd pins it)."""
     try:
         fd = os.pidfd_open(pid)
-    except OSError:
+    except OSError as exc:
+        if exc.errno != errno.ENOSYS:
+            return False  # gone already
+        stat = _stat(pid)  # a kernel before 5.3: check, then signal by pid (a reuse in between is the risk left)
+        if stat is None or stat[3] != ticks:
+            return False
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)
+            return True
         return False
     try:
         stat = _stat(pid)
