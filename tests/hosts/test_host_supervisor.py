@@ -103,6 +103,30 @@ def test_the_supervisor_is_the_unit_s_parent_and_relays_sigterm(units: ChildUnit
     assert ended is not None and ended.code == 7 and ended.signal is None
 
 
+def test_a_daemon_the_unit_orphans_is_re_parented_to_the_supervisor(units: ChildUnits, run: RunDir) -> None:
+    # The classic daemon: fork, setsid, fork again, the middle one exits. Without a subreaper it goes to init.
+    code = ("import os, sys, time\nsys.stdin.read()\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            "        open('daemon.pid', 'w').write(str(os.getpid()))\n"
+            "        time.sleep(120)\n"
+            "    os._exit(0)\n"
+            "time.sleep(120)\n")
+    handle = units.start(py(code), run_dir=run.path, token=TOKEN, resources=ROOMY)
+    path = run.work / "daemon.pid"
+    assert wait_for(lambda: path.exists() and path.read_text().strip())
+    daemon = int(path.read_text())
+    ticks = proc_stat(daemon).start_ticks  # type: ignore[union-attr]
+    try:
+        assert wait_for(lambda: (stat := proc_stat(daemon)) is not None and stat.ppid == handle.pid)
+        assert units.stop(handle) == ("SIGTERM",)
+        assert not pid_alive(daemon, ticks)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(daemon, signal.SIGKILL)
+
+
 def test_the_end_record_names_its_supervisor_and_is_written_whole(units: ChildUnits, run: RunDir) -> None:
     handle = units.start(py("import sys\nsys.stdin.read()\nsys.exit(5)\n"), run_dir=run.path, token=TOKEN,
                          resources=ROOMY)
