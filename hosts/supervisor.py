@@ -61,6 +61,7 @@ REPORT_FD = 3
 # How long the supervisor waits for what the unit left behind to die after SIGKILL before it records the end.
 _CLEANUP_S = 10.0
 _unit_pid = 0
+_exec_reported = False  # fd 3 closed: from here on the host holds a started unit
 
 
 def _stat(pid: int | str) -> tuple[bytes, int, int, int] | None:
@@ -328,11 +329,17 @@ def main(argv: list[str]) -> int:
             raise ValueError("usage: supervisor.py CONFIG_JSON COMMAND...")
     except (IndexError, ValueError) as exc:
         return _fail(f"supervisor: {exc}".encode(), None)
-    return _supervise(config, command)
+    try:
+        return _supervise(config, command)
+    except Exception as exc:
+        if _exec_reported:
+            raise  # the unit ran: the traceback goes to the unit log, and no unit.end says its end is unknown
+        return _fail(f"supervisor: {type(exc).__name__}: {exc}".encode(),
+                     os.path.join(str(config.get("run_dir", "")), PID_FILE))
 
 
 def _supervise(config: dict[str, Any], command: list[str]) -> int:
-    global _unit_pid
+    global _unit_pid, _exec_reported
     run_dir = str(config["run_dir"])
     pid_file, end_file = os.path.join(run_dir, PID_FILE), os.path.join(run_dir, END_FILE)
     os.set_inheritable(REPORT_FD, False)
@@ -371,6 +378,7 @@ def _supervise(config: dict[str, Any], command: list[str]) -> int:
         remove_cgroup(cgroup)
         return _fail(failure, pid_file)
     os.close(REPORT_FD)  # the exec happened: the host reads EOF
+    _exec_reported = True
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)  # the unit holds the token pipe; the supervisor lets go of it
     os.close(null)
