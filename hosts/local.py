@@ -42,6 +42,7 @@ from lifecycle_es.errors import InvalidInputError, StaleFenceError
 from lifecycle_es.events import UnitRecord, UnitStarted, UnitStarting, UnitStopped
 from lifecycle_es.lifecycle import RunnerLifecycle
 from lifecycle_es.receipts import LeaseReceipt
+from lifecycle_es.values import shown
 
 from .child import ChildUnits
 from .driver import DriverOptions, UnitDriver, sent_signals
@@ -207,7 +208,7 @@ class LocalHost(Reconciler):
         it started.
         """
         if then not in STOP_THEN:
-            raise InvalidInputError("then", f"then must be 'settle', 'park' or None, got {then!r}")
+            raise InvalidInputError("then", f"then must be 'settle', 'park' or None, got {shown(then)}")
         why = self._unproven_handle(handle)
         if why is not None:
             raise UnprovenUnitError(f"not stopping a unit this host cannot prove it started: {why}")
