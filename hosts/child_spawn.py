@@ -1,28 +1,27 @@
-"""Spawning a child-mode unit: a wrapper between spawn and exec, its exec report, and the token on stdin.
+"""Spawning a child-mode unit: its supervisor, the unit's exec report, and the token on stdin.
 
-    pid = spawn_unit(argv, cpu_seconds=60, memory_bytes=GIB, work_dir=run_dir / "work",
-                     pid_file=run_dir / "unit.pid", host=host, boot_id=boot, env=env,
-                     log_path=run_dir / "unit.log", token=b"secret")
+    pid = spawn_unit(argv, cpu_seconds=60, memory_bytes=GIB, work_dir=run_dir / "work", run_dir=run_dir,
+                     host=host, boot_id=boot, env=env, log_path=run_dir / "unit.log", token=b"secret")
 
-The host spawns a tiny wrapper (this interpreter, isolated: ``-I -S``) with ``setsid``, the given
-environment, stdin a pipe, stdout and stderr appended to the unit log (0600, opened without following a
-link or waiting on a FIFO). The wrapper writes the pid file (pid, start ticks, boot id, host and argv:
-`hosts.child.ChildUnits.find` reads it back, for a host that crashed before it recorded the start),
-sets the rlimits (``RLIMIT_CPU`` soft ``cpu_seconds``, hard one more; ``RLIMIT_AS`` ``memory_bytes``;
-``RLIMIT_CORE`` 0, so a SIGXCPU death writes no core into the work dir), changes into the work directory
-and execs the command: same pid, same start ticks, so the handle names the unit itself. The wrapper
-reports a failed exec through a close-on-exec pipe, so a command that cannot run fails the spawn rather
-than leaving a pid of a dead process. The wrapper, not ``preexec_fn``, sets the limits because
-``preexec_fn`` is not safe in a host that runs threads.
+The host spawns the unit's supervisor (`hosts.supervisor`: this interpreter, isolated, ``-I -S``) with
+``setsid``, the given environment, stdin a pipe, stdout and stderr appended to the unit log (0600,
+opened without following a link or waiting on a FIFO), and fd 3 a report pipe. The supervisor writes
+the pid file (its pid and start ticks, boot id, host and the unit's argv: `hosts.child.ChildUnits.find`
+reads it back, for a host that crashed before it recorded the start), forks the unit, which sets its
+rlimits, changes into the work directory and execs the command. A step that fails is reported through
+the pipe, so a command that cannot run fails the spawn rather than leaving the pid of a dead process;
+the unit's exec closes it. The supervisor, not ``preexec_fn``, sets the limits because ``preexec_fn``
+is not safe in a host that runs threads.
 
-The token is written to the stdin pipe, which is then closed: the unit reads it to EOF. It is never
-in argv, the environment or a file.
+The token is written to the stdin pipe, which is then closed: the supervisor never reads it, the unit
+inherits the pipe and reads it to EOF. It is never in argv, the environment or a file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import select
 import signal
@@ -32,64 +31,29 @@ from pathlib import Path
 from stat import S_ISREG
 
 from .proc import UnitStartError
+from .supervisor import kill_descendants
 
-# The wrapper runs between spawn and exec. argv: cpu seconds, memory bytes, work dir, pid file, host,
-# boot id, command... fd 3 is the error pipe: made close-on-exec here, so a successful exec closes it
-# (EOF in the host). The pid file is written before the exec, so a host that dies right after the
-# spawn still finds its unit.
-_WRAPPER = """\
-import json, os, resource, sys
-def lower(kind, soft, hard):
-    old_soft, old_hard = resource.getrlimit(kind)
-    if old_hard != resource.RLIM_INFINITY:
-        hard = min(hard, old_hard)
-    resource.setrlimit(kind, (min(soft, hard), hard))
-stage = "setup"
-try:
-    os.set_inheritable(3, False)
-    cpu, mem, cwd, pid_file, host, boot_id = sys.argv[1:7]
-    argv = sys.argv[7:]
-    stage = "pid file"
-    with open("/proc/self/stat", "rb") as f:
-        ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-    record = {"pid": os.getpid(), "start_ticks": ticks, "boot_id": boot_id, "host": host, "argv": argv}
-    fd = os.open(pid_file + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    os.write(fd, json.dumps(record).encode())
-    os.close(fd)
-    os.replace(pid_file + ".tmp", pid_file)
-    stage = "rlimit"
-    lower(resource.RLIMIT_CORE, 0, 0)
-    lower(resource.RLIMIT_CPU, int(cpu), int(cpu) + 1)
-    lower(resource.RLIMIT_AS, int(mem), int(mem))
-    stage = "chdir"
-    os.chdir(cwd)
-    stage = "exec"
-    os.execvp(argv[0], argv)
-except OSError as exc:
-    if stage in ("rlimit", "chdir", "exec"):
-        try:
-            os.unlink(pid_file)
-        except OSError:
-            pass
-    os.write(3, ("%s: %s" % (stage, exc.strerror)).encode())
-    os._exit(127)
-"""
+# The supervisor runs as a script, isolated (no site packages, no PYTHON* variables): it imports only
+# the standard library, and nothing installed or set in the environment changes what it does.
+SUPERVISOR = Path(__file__).with_name("supervisor.py")
 # Descriptors handed to posix_spawn are moved at or above this, so no dup2 onto 0..3 clobbers a source.
 _HIGH_FD = 10
 _EXEC_REPORT_TIMEOUT_S = 30.0
 _TOKEN_TIMEOUT_S = 30.0
 
 
-def spawn_unit(argv: list[str], *, cpu_seconds: int, memory_bytes: int, work_dir: Path, pid_file: Path, host: str,
-               boot_id: str, env: dict[str, str], log_path: Path, token: bytes) -> int:
-    """posix_spawn the wrapper of `argv` in a new session, wait for its exec, hand it `token`; return the pid.
+def spawn_unit(argv: list[str], *, cpu_seconds: int, memory_bytes: int, work_dir: Path, run_dir: Path, host: str,
+               boot_id: str, env: dict[str, str], log_path: Path, token: bytes, cgroup: bool = True) -> int:
+    """posix_spawn the supervisor of `argv` in a new session, wait for the unit's exec, hand the unit
+    `token`; return the supervisor's pid.
 
-    The caller is the unit's parent and must reap it. Raises `UnitStartError` when the log cannot be
-    opened, the wrapper cannot be spawned, the command cannot be run (the wrapper's report says why) or
-    the token was not taken in time: nothing is left running then.
+    The caller is the supervisor's parent and reaps it. Raises `UnitStartError` when the log cannot be
+    opened, the supervisor cannot be spawned, the command cannot be run (the supervisor's report says
+    why) or the token was not taken in time: nothing is left running then.
     """
-    wrapper = [sys.executable, "-I", "-S", "-c", _WRAPPER, str(cpu_seconds), str(memory_bytes), str(work_dir),
-               str(pid_file), host, boot_id, *argv]
+    config = {"run_dir": str(run_dir), "work_dir": str(work_dir), "host": host, "boot_id": boot_id,
+              "cpu_seconds": cpu_seconds, "memory_bytes": memory_bytes, "cgroup": cgroup}
+    supervisor = [sys.executable, "-I", "-S", str(SUPERVISOR), json.dumps(config), *argv]
     name = argv[0]
     opened: list[int] = []
 
@@ -114,12 +78,12 @@ def spawn_unit(argv: list[str], *, cpu_seconds: int, memory_bytes: int, work_dir
         stdin_r, stdin_w = (high(fd) for fd in os.pipe())
         report_r, report_w = (high(fd) for fd in os.pipe())
         try:
-            pid = os.posix_spawn(wrapper[0], wrapper, env, setsid=True, file_actions=[
+            pid = os.posix_spawn(supervisor[0], supervisor, env, setsid=True, file_actions=[
                 (os.POSIX_SPAWN_DUP2, stdin_r, 0), (os.POSIX_SPAWN_DUP2, log_fd, 1),
                 (os.POSIX_SPAWN_DUP2, log_fd, 2), (os.POSIX_SPAWN_DUP2, report_w, 3),
             ])
         except OSError as exc:
-            raise UnitStartError(f"cannot start the unit wrapper {wrapper[0]!r}: {exc.strerror}") from exc
+            raise UnitStartError(f"cannot start the unit supervisor {supervisor[0]!r}: {exc.strerror}") from exc
         for fd in (stdin_r, report_w, log_fd):
             opened.remove(fd)
             os.close(fd)
@@ -128,7 +92,9 @@ def spawn_unit(argv: list[str], *, cpu_seconds: int, memory_bytes: int, work_dir
             os.waitpid(pid, 0)
             raise UnitStartError(f"cannot run {name!r}: {failure}")
         if not hand_token(stdin_w, token):
-            os.killpg(pid, signal.SIGKILL)
+            kill_descendants(pid)
+            os.kill(pid, signal.SIGKILL)
+            kill_descendants(pid)
             os.waitpid(pid, 0)
             raise UnitStartError(f"{name!r} did not read its token within {_TOKEN_TIMEOUT_S:.0f} s")
         return pid
@@ -162,17 +128,18 @@ def hand_token(stdin_w: int, token: bytes) -> bool:
 
 
 def _exec_report(report_r: int, pid: int) -> str | None:
-    """What the wrapper wrote before dying, or None once its exec closed the pipe (EOF)."""
+    """What the supervisor wrote before exiting, or None once the unit's exec let it close the pipe (EOF)."""
     deadline = time.monotonic() + _EXEC_REPORT_TIMEOUT_S
     chunks: list[bytes] = []
     while True:
         left = deadline - time.monotonic()
         ready, _, _ = select.select([report_r], [], [], max(0.0, left))
         if not ready:
-            # A wrapper that neither execs nor fails is stuck: end it rather than hand out its pid.
+            # A supervisor whose unit neither execs nor fails is stuck: end both rather than hand out its pid.
+            kill_descendants(pid)
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return "the unit wrapper did not exec in time"
+            return "the unit did not exec in time"
         chunk = os.read(report_r, 4096)
         if not chunk:
             return b"".join(chunks).decode("utf-8", "replace") if chunks else None

@@ -204,13 +204,12 @@ def run(directory: Path, out: Callable[[str], None] = print) -> Path:
             "under a proxy authority (the proxy that fronts the runner: an id, and a revision number that never "
             "goes back).",
             "Each runs as a unit (the process of one lease, which the host driver - the part that runs units and "
-            "records what they do - starts and watches; here a child process, its secret token on stdin only):",
-            *(f"session-{n}: {receipt.lease.id}, pid {handle.pid}"
+            "records what they do - starts and watches; here a child process under a small supervisor process, its "
+            "secret token on stdin only):",
+            *(f"session-{n}: {receipt.lease.id}, supervisor pid {handle.pid}"
               for n, (receipt, handle) in enumerate(zip(receipts, handles, strict=True), 1)))
 
-        pid = handles[0].pid
-        assert pid is not None  # a child unit's handle names its process
-        os.kill(pid, signal.SIGKILL)
+        host.driver.signal(handles[0], signal.SIGKILL)  # the unit and all it started; its supervisor records it
         _wait(lambda: host.status(handles[0]) != "running")
         host.reconcile()
         say("The unit of session-1 is killed with SIGKILL; the host driver notices and parks (ends unfinished) its "

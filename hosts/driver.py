@@ -19,7 +19,7 @@ transient systemd service. Where they differ:
 - **Observing.** The host is a child unit's parent, so `observe` collects the exit of one that ended
   before it reports it (``stopped``; a zombie would read ``gone``); systemd keeps its units' ends
   itself. `status` looks without collecting anything.
-- **Finding a unit after a crash.** `find_started`: a child by the pid file its wrapper wrote; a
+- **Finding a unit after a crash.** `find_started`: a child by the pid file its supervisor wrote; a
   systemd unit by the proof written before ``systemd-run``, naming the intent's unit and command.
 - **A unit the host may not keep** (its proof could not be written): `discard` stops it, and a child
   is also reaped.
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from lifecycle_es.events import UnitRecord
+from lifecycle_es.events import UNIT_SIGNALS_SENT, UnitRecord
 from lifecycle_es.values import Resources
 
 from .proc import Exec
@@ -95,7 +95,9 @@ class UnitDriver(Protocol):
 
     def stop(self, handle: UnitRecord) -> object:
         """Stop the unit and everything it started (SIGTERM, wait, SIGKILL). Raises UnitStopError when
-        something of it is still alive after that."""
+        something of it is still alive after that. A driver that sends the signals itself returns their
+        names (``("SIGTERM", "SIGKILL")`` for a stop that escalated: `sent_signals` reads it, and
+        ``UnitStopped.signals`` records it); systemd sends its own and says nothing (None)."""
 
     def discard(self, handle: UnitRecord) -> None:
         """Stop a unit just started that the host will not keep, and collect its end."""
@@ -118,4 +120,12 @@ class DriverOptions:
     token_dir: str | None = None
 
 
-__all__ = ["DriverOptions", "UnitDriver", "UnitEnd"]
+def sent_signals(stopped: object) -> tuple[str, ...]:
+    """The signals a driver's `stop` says it sent, as ``UnitStopped.signals`` records them (``()`` when
+    it does not say: systemd sends its own)."""
+    if isinstance(stopped, tuple) and all(sig in UNIT_SIGNALS_SENT for sig in stopped):
+        return stopped
+    return ()
+
+
+__all__ = ["DriverOptions", "UnitDriver", "UnitEnd", "sent_signals"]

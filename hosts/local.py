@@ -4,6 +4,7 @@
     handle = host.start(receipt, command=[sys.executable, "-m", "my_agent"], token=secret)
     host.reconcile()                     # observe every recorded unit and converge
     host.serve(stop_event)               # follow the log: reconcile on every new event and on a timer
+    host.stop(handle, then="settle")     # stop the unit, then settle its lease ("park", or None: leave it)
 
 One unit runs per active lease, in ``<run_root or base_dir>/<lease id>/`` (``work/`` inside, held by
 an owner lock). Every side effect is an event of the runner's stream, decided under the rules like any
@@ -17,6 +18,17 @@ bounded; a unit breaking the rules ends as a failure, parking its lease ``lost-p
 acts only on units it can prove it started (a recorded unit it cannot prove is never signalled; its
 lease parks ``lost-poll``, ``UnitStopped`` says ``unproven-handle``): see `hosts.reconcile`. `stop` of
 a handle this host cannot prove it started raises UnprovenUnitError; `status` says ``unknown``.
+
+**One unit per lease.** `start` for a lease whose unit the log records as started (or starting) and
+not ended raises `UnitRunningError` and appends nothing: it never makes a second process, and never
+hands back the running one either (a second call may carry another command or token; the caller
+decides). Stop the unit first, or let `reconcile` record its end. `command` is a list of strings: a
+``str`` (which would run as one argument per character) is `InvalidInputError` naming ``command``, as
+are a bad ``token`` or ``env``, all before anything is recorded.
+
+**What a unit is told.** Its environment holds ``LIFECYCLE_ES_RUN_DIR`` (its run directory) and
+``LIFECYCLE_ES_RESULT`` (where its result goes: ``<run dir>/result``), set over the caller's ``env``;
+a result left in its working directory instead is not ignored (`hosts.unitfiles`).
 """
 
 from __future__ import annotations
@@ -26,19 +38,23 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
-from lifecycle_es.errors import InvalidInputError
+from lifecycle_es.errors import InvalidInputError, StaleFenceError
 from lifecycle_es.events import UnitRecord, UnitStarted, UnitStarting, UnitStopped
 from lifecycle_es.lifecycle import RunnerLifecycle
 from lifecycle_es.receipts import LeaseReceipt
+from lifecycle_es.values import shown
 
 from .child import ChildUnits
-from .driver import DriverOptions, UnitDriver
-from .proc import Exec, UnitStartError, UnprovenUnitError
+from .driver import DriverOptions, UnitDriver, sent_signals
+from .proc import Exec, UnitRunningError, UnitStartError, UnprovenUnitError, safe_command, safe_env, token_bytes
 from .reconcile import Action, Reconciler, UnitView
 from .rundir import RunDir, open_run_dir, safe_run_root
 from .systemd import SystemdUnits
 from .systemd_run import Scope
-from .unitfiles import unproven
+from .unitfiles import RESULT_ENV, RESULT_FILE, RUN_DIR_ENV, exit_digest, own_run_dir, result_digest, unproven
+
+# What `stop` does to the lease after the unit stopped.
+STOP_THEN = ("settle", "park", None)
 
 # Each mode's driver, built from the host's options: what differs between modes lives in the driver.
 MODES: Mapping[str, Callable[[DriverOptions], UnitDriver]] = {"child": ChildUnits.for_host,
@@ -105,17 +121,31 @@ class LocalHost(Reconciler):
               env: Mapping[str, str] | None = None) -> UnitRecord:
         """Start the unit of a freshly leased session; its token goes to the unit's stdin only.
 
-        The lease must still poll (`assert_poll`). A start that fails parks the lease
+        `command` is a list of strings (a ``str`` is InvalidInputError naming ``command``); the lease
+        must still poll (`assert_poll`). Raises UnitRunningError, appending nothing, when the lease
+        already has a unit that has not ended (see the module). A start that fails parks the lease
         ``checkout-failure`` and raises UnitStartError.
         """
+        argv = safe_command(command)
+        if token is not None:
+            token_bytes(token)
+        safe_env(env)
         if not isinstance(receipt, LeaseReceipt) or receipt.runner_id != self.lifecycle.runner_id:
             raise InvalidInputError("receipt", "receipt must be a LeaseReceipt of this host's runner")
         lease = receipt.lease
         self.lifecycle.assert_poll(lease_id=lease.id, lease_generation=lease.generation,
                                    proxy_authority_id=receipt.proxy_authority.id,
                                    proxy_authority_revision=receipt.proxy_authority.revision)
+        view = self.units().get(lease.id)
+        if view is not None and view.phase in ("starting", "running"):
+            which = (f"supervisor pid {view.handle.pid}" if view.handle is not None and view.handle.pid is not None
+                     else f"unit {view.handle.unit}" if view.handle is not None else "its start is under way")
+            raise UnitRunningError(
+                f"lease {lease.id} already has a unit ({which}) that has not ended: not starting a second; stop "
+                "it first (stop(handle, then=None)) or let reconcile() record its end", lease_id=lease.id,
+                handle=view.handle)
         self._tokens[lease.id] = token
-        return self._start(lease.id, lease.generation, list(command), token, env)
+        return self._start(lease.id, lease.generation, argv, token, env)
 
     def _start(self, lease_id: str, lease_generation: int, command: list[str], token: str | bytes | None,
                env: Mapping[str, str] | None) -> UnitRecord:
@@ -125,7 +155,7 @@ class LocalHost(Reconciler):
             lease_id=lease_id, lease_generation=lease_generation, mode=self.driver.mode, run_dir=str(run.path),
             unit=planned.unit if planned is not None else None, command=tuple(command))])
         resources = self.lifecycle.state().resources
-        merged_env = {**self._env, **(env or {})}
+        merged_env = {**self._env, **(env or {}), RUN_DIR_ENV: str(run.path), RESULT_ENV: str(run.path / RESULT_FILE)}
         try:
             if planned is not None:
                 # The handle is known before the start: proven first, so a host that dies during the
@@ -161,18 +191,44 @@ class LocalHost(Reconciler):
             return "unknown"
         return self.driver.observe(handle)
 
-    def stop(self, handle: UnitRecord) -> None:
-        """Stop a unit (SIGTERM, wait, SIGKILL / systemctl stop) and record ``UnitStopped``.
+    def stop(self, handle: UnitRecord, *, then: str | None) -> None:
+        """Stop a unit (SIGTERM, wait, SIGKILL / systemctl stop), record ``UnitStopped`` with the
+        signals sent (``SIGKILL`` among them when the stop escalated), then do `then` to its lease:
 
-        Raises UnprovenUnitError, signalling nothing, for a handle this host cannot prove it started.
+        - ``"settle"``: settle it, with the digest of the unit's ``result`` (else of its stop), as a
+          clean exit would; a result the host may not read, or a misplaced one, raises UnitFileError
+          and the lease stays active;
+        - ``"park"``: park it ``lost-poll`` (the session was cut short);
+        - ``None``: leave it active with no unit: start another unit for it, or settle or park it
+          yourself; reconcile parks it ``lost-poll`` once it expires.
+
+        `then` must be given: what a stop does to the lease is always the caller's word. A lease that
+        already ended raises StaleFenceError for ``"settle"`` and ``"park"`` (the unit is stopped all
+        the same). Raises UnprovenUnitError, signalling nothing, for a handle this host cannot prove
+        it started.
         """
+        if then not in STOP_THEN:
+            raise InvalidInputError("then", f"then must be 'settle', 'park' or None, got {shown(then)}")
         why = self._unproven_handle(handle)
         if why is not None:
             raise UnprovenUnitError(f"not stopping a unit this host cannot prove it started: {why}")
         lease_id = Path(handle.run_dir).name
-        self.driver.stop(handle)
-        self.lifecycle.record_host_facts([UnitStopped(lease_id=lease_id, reason="stopped")])
+        sent = sent_signals(self.driver.stop(handle))
+        self.lifecycle.record_host_facts([UnitStopped(lease_id=lease_id, reason="stopped", signals=sent)])
         self._release(lease_id)
+        if then is None:
+            return
+        view = self.units().get(lease_id)
+        lease = self.lifecycle.state().lease(lease_id)
+        if lease is None or lease.status != "active" or view is None or view.lease_generation != lease.generation:
+            raise StaleFenceError(f"unit of lease {lease_id} stopped, but the lease is no longer active at the "
+                                  f"unit's generation: nothing to {then}")
+        if then == "settle":
+            digest = result_digest(own_run_dir(self.run_root, lease_id), lease_id, "settled", None, None)
+            self.lifecycle.settle_lease(lease_id=lease_id, lease_generation=lease.generation, result_digest=digest)
+        else:
+            self.lifecycle.park_lease(lease_id=lease_id, lease_generation=lease.generation, reason="lost-poll",
+                                      result_digest=exit_digest(lease_id, "lost-poll", None, None))
 
     # --- serving -------------------------------------------------------------------------------------
 
@@ -198,4 +254,4 @@ class LocalHost(Reconciler):
             self._release(lease_id)
 
 
-__all__ = ["MODES", "LocalHost"]
+__all__ = ["MODES", "STOP_THEN", "LocalHost"]

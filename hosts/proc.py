@@ -28,6 +28,7 @@ Errors::
     LifecycleError
     └── HostError                        a host side effect (start, signal, stop, run dir) failed
         ├── UnitStartError               a unit could not be started; nothing is left running
+        ├── UnitRunningError             a lease's unit is recorded and not ended: no second one starts
         ├── UnitStopError                a unit is still running after every way of stopping it
         ├── UnitFileError                a file the unit controls breaks the host's rules (a unit failure)
         ├── UnprovenUnitError            a recorded unit this host cannot prove it started (never signalled)
@@ -66,6 +67,16 @@ class HostError(LifecycleError):
 
 class UnitStartError(HostError):
     """A unit could not be started; whatever was half made (token file, child) was removed."""
+
+
+class UnitRunningError(HostError):
+    """The lease already has a unit the log records as started (or starting) and not ended: `start`
+    makes no second process. ``lease_id`` and ``handle`` (None while only its start is recorded) say which."""
+
+    def __init__(self, message: str, *, lease_id: str, handle: object) -> None:
+        super().__init__(message)
+        self.lease_id = lease_id
+        self.handle = handle
 
 
 class UnitStopError(HostError):

@@ -12,7 +12,7 @@ converges, idempotently:
 - an active lease past its expiry: its unit is stopped and the lease parked ``lost-poll``;
 - draining: SIGTERM to each unit once; at the deadline ``park_expired_drain`` and SIGKILL;
 - an intent with no outcome (the host died mid-start): the unit is looked for (the pid file its
-  wrapper wrote, which must name the intent's command; the proof naming the intent's systemd unit) and
+  supervisor wrote, which must name the intent's command; the proof naming the intent's systemd unit) and
   adopted, or the lease is parked ``checkout-failure``;
 - accepting, parking: a unit whose tasks only wait (``status.json``, see `hosts.park`) until beyond
   `park_threshold_ms` is stopped with its wake time recorded, and started again at that time.
@@ -56,7 +56,7 @@ from lifecycle_es.events import (
 from lifecycle_es.lifecycle import RunnerLifecycle
 from lifecycle_es.state import Lease, RunnerState
 
-from .driver import UnitDriver
+from .driver import UnitDriver, sent_signals
 from .park import parking_decision, record_wake
 from .proc import HostError, UnitFileError, UnitStartError
 from .rundir import RunDir
@@ -210,8 +210,12 @@ class Reconciler(abc.ABC):
                 # and retried on the next pass; the other units are reconciled all the same.
                 actions.append(Action(kind="error", lease_id=lease_id, detail=str(exc)))
         started = self.units()
-        for lease in active.values():
-            if lease.id not in started and parse_iso_ms(lease.expires_at) <= now:
+        for lease in self.lifecycle.state().leases:  # as this pass left them: a lease it ended is not active
+            # No unit, or one stopped with its lease left active (`LocalHost.stop(then=None)`).
+            unit = started.get(lease.id)
+            if lease.status != "active":
+                continue
+            if (unit is None or unit.phase == "stopped") and parse_iso_ms(lease.expires_at) <= now:
                 self._park(lease, "lost-poll", exit_digest(lease.id, "expired", None, None), actions)
         return actions
 
@@ -239,7 +243,7 @@ class Reconciler(abc.ABC):
         """An intent without an outcome: the host died mid-start. Adopt the unit, or end the lease.
 
         The driver finds the unit in the host's own run directory (`hosts.driver.UnitDriver.find_started`:
-        the pid file a child's wrapper wrote, naming the intent's command; the proof written before
+        the pid file a child's supervisor wrote, naming the intent's command; the proof written before
         ``systemd-run``, naming the intent's unit and command).
         """
         own = own_run_dir(self.run_root, view.lease_id)
@@ -274,11 +278,9 @@ class Reconciler(abc.ABC):
             return
         self._hold(view.lease_id)
         if lease is None or lease.generation != view.lease_generation:
-            self.driver.stop(handle)
-            self._record_stop(view, "lease-ended", actions)
+            self._record_stop(view, "lease-ended", actions, self.driver.stop(handle))
         elif parse_iso_ms(lease.expires_at) <= now:
-            self.driver.stop(handle)
-            self._record_stop(view, "lease-expired", actions)
+            self._record_stop(view, "lease-expired", actions, self.driver.stop(handle))
             self._park(lease, "lost-poll", exit_digest(lease.id, "expired", None, None), actions)
         elif state.state == "draining":
             if (view.lease_id, "SIGTERM") not in self._signalled_here:
@@ -291,16 +293,17 @@ class Reconciler(abc.ABC):
         try:
             decision = parking_decision(own_run_dir(self.run_root, view.lease_id), now, self.park_threshold_ms)
         except UnitFileError as exc:
-            self.driver.stop(handle)
+            stopped = self.driver.stop(handle)
             actions.append(Action(kind="unsafe-file", lease_id=view.lease_id, detail=str(exc)))
-            self._record_stop(view, "unsafe-file", actions)
+            self._record_stop(view, "unsafe-file", actions, stopped)
             self._park(lease, "lost-poll", exit_digest(lease.id, "lost-poll", None, None), actions)
             return
         if decision is None:
             return
         record_wake(self.lifecycle, view.lease_id, decision.until)
-        self.driver.stop(handle)
-        self.lifecycle.record_host_facts([UnitStopped(lease_id=view.lease_id, reason="parked-waiting")])
+        stopped = self.driver.stop(handle)
+        self.lifecycle.record_host_facts([UnitStopped(lease_id=view.lease_id, reason="parked-waiting",
+                                                      signals=sent_signals(stopped))])
         view.phase, view.wake_at = "waiting", decision.until
         self._release(view.lease_id)
         actions.append(Action(kind="parked-waiting", lease_id=view.lease_id, detail=f"wake at {decision.until}"))
@@ -340,8 +343,10 @@ class Reconciler(abc.ABC):
                  else "its end unknown")
         actions.append(Action(kind="exited", lease_id=view.lease_id, detail=f"{outcome} ({ended})"))
 
-    def _record_stop(self, view: UnitView, reason: str, actions: list[Action]) -> None:
-        self.lifecycle.record_host_facts([UnitStopped(lease_id=view.lease_id, reason=reason)])
+    def _record_stop(self, view: UnitView, reason: str, actions: list[Action], stopped: object = None) -> None:
+        """Record ``UnitStopped``; `stopped` is what the driver's stop returned (the signals it sent)."""
+        self.lifecycle.record_host_facts([UnitStopped(lease_id=view.lease_id, reason=reason,
+                                                      signals=sent_signals(stopped))])
         view.phase = "stopped"
         self._release(view.lease_id)
         actions.append(Action(kind="stopped", lease_id=view.lease_id, detail=reason))

@@ -6,7 +6,8 @@ Layout, under the host's run root (created 0700 when missing)::
         owner.lock                 0600, flock()ed by the host that runs the lease
         work/                      0700, the unit's working directory
         unit.log                   0600, the unit's stdout and stderr (child mode; systemd when asked)
-        unit.pid                   0600, a child-mode unit's pid, start ticks, boot and host (hosts.child)
+        unit.pid                   0600, a child-mode unit's supervisor: pid, start ticks, boot, host (hosts.child)
+        unit.end                   0600, how a child-mode unit ended, written by its supervisor (hosts.supervisor)
         unit.handle                0600, the host's proof of the unit it started (hosts.unitfiles)
         unit.exit                  a systemd unit's last exit, written by its ExecStopPost (hosts.systemd_show)
         status.json                the unit's task report (hosts.park), at most 1 MiB

@@ -15,7 +15,13 @@ directory is exactly ``<run root>/<lease id>`` (never a path elsewhere: a run di
 run root is never read, written or signalled) and that file names the same lease, generation and
 handle. A (pid, start ticks, boot) in a proven handle names the one process this host started.
 
-**Result.** A unit's ``result`` is read the way every file someone else controls is read
+**Result.** A unit finds its run directory in ``$LIFECYCLE_ES_RUN_DIR`` (`RUN_DIR_ENV`) and the path of
+its result, ``<run dir>/result``, in ``$LIFECYCLE_ES_RESULT`` (`RESULT_ENV`); the host sets both in
+every unit's environment (over the caller's). A unit that exits 0 having written ``result`` in its
+working directory (``<run dir>/work/result``, where a relative ``open('result')`` lands) and none at
+``$LIFECYCLE_ES_RESULT`` has put its result in the wrong place: that is `UnitFileError`, so its lease is
+parked ``lost-poll`` (an ``unsafe-file`` action says where the result should have gone), never settled
+on a digest that leaves the result out. A unit's ``result`` is read the way every file someone else controls is read
 (`lifecycle_es.files`): no link is followed, a FIFO or device cannot block the host, it must be a
 regular file of at most `RESULT_LIMIT` bytes (1 GiB), and it is hashed in chunks, never read whole. A
 ``result`` that breaks these rules is `UnitFileError`, which the host treats as a unit failure.
@@ -36,10 +42,13 @@ from lifecycle_es.events import UnitRecord
 from lifecycle_es.files import read_regular, sha256_regular
 from lifecycle_es.values import safe_id, shown
 
-from .proc import unit_file_error
+from .proc import UnitFileError, unit_file_error
+from .rundir import WORK_DIR
 
 HANDLE_FILE = "unit.handle"
 RESULT_FILE = "result"
+RESULT_ENV = "LIFECYCLE_ES_RESULT"
+RUN_DIR_ENV = "LIFECYCLE_ES_RUN_DIR"
 # A handle is a few short fields, one path and the unit's command: a megabyte holds any sane argv.
 HANDLE_LIMIT = 1 << 20
 RESULT_LIMIT = 1 << 30
@@ -141,12 +150,18 @@ def result_digest(run_dir: str | os.PathLike[str], lease_id: str, outcome: str, 
     """sha256 of the unit's ``result`` file when it wrote one (hashed in chunks), else `exit_digest`.
 
     Raises `UnitFileError` when ``result`` is there but is a link, not a regular file, larger than
-    `RESULT_LIMIT`, or unreadable.
+    `RESULT_LIMIT`, or unreadable; and, for a unit that ``settled``, when it wrote no ``result`` but
+    left one in its working directory (see the module).
     """
     path = Path(run_dir) / RESULT_FILE
     try:
         return sha256_regular(path, limit=RESULT_LIMIT, what=RESULT_FILE)
     except FileNotFoundError:
+        misplaced = Path(run_dir) / WORK_DIR / RESULT_FILE
+        if outcome == "settled" and os.path.lexists(misplaced):
+            raise UnitFileError(f"the unit broke the host's file rules: it wrote its result to {str(misplaced)!r}, "
+                                f"its working directory, not to ${RESULT_ENV} ({str(path)!r}); nothing settles on "
+                                f"a misplaced result: write it to the path ${RESULT_ENV} names") from None
         return exit_digest(lease_id, outcome, code, signal_)
     except OSError as exc:
         raise unit_file_error(exc, path, RESULT_FILE) from exc
@@ -155,8 +170,10 @@ def result_digest(run_dir: str | os.PathLike[str], lease_id: str, outcome: str, 
 __all__ = [
     "HANDLE_FILE",
     "HANDLE_LIMIT",
+    "RESULT_ENV",
     "RESULT_FILE",
     "RESULT_LIMIT",
+    "RUN_DIR_ENV",
     "HandleProof",
     "exit_digest",
     "own_run_dir",

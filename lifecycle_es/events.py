@@ -37,7 +37,8 @@ host may not read (a link, a FIFO, too large), or the host cannot prove it start
 UNIT_SIGNAL_REASONS = frozenset({"drain", "drain-deadline"})
 """``UnitSignalled.reason``: the drain's SIGTERM, the drain deadline's SIGKILL."""
 UNIT_SIGNALS_SENT = frozenset({"SIGTERM", "SIGKILL"})
-"""``UnitSignalled.signal``: the signals a host sends a unit."""
+"""``UnitSignalled.signal`` and each of ``UnitStopped.signals`` (at most these two, each once): the signals a
+host sends a unit."""
 SIGNAL_NAME_RE = re.compile(r"SIG[A-Z0-9+]{1,16}")
 """``UnitExited.signal``: a signal's name as a host records a death by it (``SIGXCPU``, ``SIG35``, ``SIGRTMIN+1``)."""
 UNIT_NAME_RE = re.compile(r"[A-Za-z0-9:_.-]{1,200}")
@@ -215,10 +216,15 @@ class UnitExited(Event, frozen=True, tag="UnitExited"):
 
 
 class UnitStopped(Event, frozen=True, tag="UnitStopped"):
-    """The host stopped the unit (its lease ended, the runner parked, or its work only waits)."""
+    """The host stopped the unit (its lease ended, the runner parked, or its work only waits).
+
+    ``signals`` are the signals the stop sent, in order: ``("SIGTERM", "SIGKILL")`` when it had to
+    escalate, ``()`` when nothing was alive to signal or the mode's manager (systemd) sent them.
+    """
 
     lease_id: str
     reason: str
+    signals: tuple[str, ...] = ()
 
 
 class UnitWakeRecorded(Event, frozen=True, tag="UnitWakeRecorded"):

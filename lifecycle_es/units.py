@@ -12,7 +12,8 @@ seq (IntegrityError):
 - every field lies within what a host driver writes (the sets in ``events.py``): the mode ``child``
   or ``systemd``; a run directory absolute, normalized and named after the lease (the host's run root
   is the host's to check); a child's pid (2..4194304) and start ticks, or a systemd unit's name; an
-  exit code 0..255 or a signal name (not both); outcomes, reasons and the signals sent from their sets;
+  exit code 0..255 or a signal name (not both); outcomes, reasons and the signals sent from their sets
+  (a stop's ``signals``: each at most once);
   a command of at most 256 arguments of at most 8192 characters, without NUL.
 
 A malformed field is InvalidInputError naming it. The checks are set lookups, precompiled patterns and
@@ -205,6 +206,15 @@ def _unit_exited(draft: RunnerDraft, event: UnitExited, at_ms: int, at: str) -> 
 def _unit_stopped(draft: RunnerDraft, event: UnitStopped, at_ms: int, at: str) -> None:
     lease = _lease(draft, event.lease_id)
     _member(event.reason, UNIT_STOP_REASONS, "reason")
+    signals = event.signals
+    if signals or type(signals) is not tuple:  # () is the common case: one cheap check
+        if type(signals) is not tuple or len(signals) > len(UNIT_SIGNALS_SENT):  # a str is not a tuple either
+            raise InvalidInputError("signals", f"signals is invalid: {shown(signals)} is not a tuple of at most "
+                                               f"{len(UNIT_SIGNALS_SENT)} signals")
+        for sent in signals:
+            _member(sent, UNIT_SIGNALS_SENT, "signals")
+        if len(set(signals)) != len(signals):
+            raise InvalidInputError("signals", f"signals is invalid: {shown(signals)} names a signal twice")
     if draft.units_starting:
         forget_start(draft, lease.id)
 

@@ -34,7 +34,7 @@ import hashlib, json, os, sys, time
 token = sys.stdin.buffer.read()
 with open("report.json", "w") as f:
     json.dump({"sha": hashlib.sha256(token).hexdigest(), "env": dict(os.environ), "cwd": os.getcwd(),
-               "pgid": os.getpgrp(), "sid": os.getsid(0), "pid": os.getpid()}, f)
+               "pgid": os.getpgrp(), "sid": os.getsid(0), "pid": os.getpid(), "ppid": os.getppid()}, f)
 print("reported", flush=True)
 time.sleep(120)
 """
@@ -81,20 +81,22 @@ def test_start_hands_the_token_on_stdin_only_and_status_stop_reap(units: ChildUn
     assert handle.run_dir == str(run.path) and isinstance(handle.start_ticks, int)
     report = read_report(run)
     assert report["sha"] == hashlib.sha256(TOKEN.encode()).hexdigest()  # the unit read it from stdin
-    assert report["pid"] == report["pgid"] == report["sid"] == handle.pid  # own session and group
+    # The handle names the supervisor: it leads the session, the unit is its child in a group of its own.
+    assert report["sid"] == report["ppid"] == handle.pid and report["pid"] == report["pgid"] != handle.pid
     assert report["cwd"] == str(run.work)
     assert report["env"]["PATH"] == SAFE_PATH and report["env"]["LANG"] == "C.UTF-8"
     assert set(report["env"]) <= {"PATH", "LANG", "HOME", "UNIT_EXTRA", "LC_CTYPE"}
     # The real process: the token is in neither its argv nor its environment; the log is 0600.
-    for name in ("cmdline", "environ"):
-        assert TOKEN.encode() not in Path(f"/proc/{handle.pid}/{name}").read_bytes()
+    for pid in (handle.pid, report["pid"]):
+        for name in ("cmdline", "environ"):
+            assert TOKEN.encode() not in Path(f"/proc/{pid}/{name}").read_bytes()
     assert stat.S_IMODE(run.log_path.stat().st_mode) == 0o600
     assert units.find(run.path) == handle  # what a host that crashed before recording it finds
     assert units.status(handle) == "running"
 
     assert units.stop(handle) == ("SIGTERM",)
     assert not pid_alive(handle.pid, handle.start_ticks)
-    assert units.status(handle) == "gone"  # a zombie until reaped
+    assert units.status(handle) == "stopped"  # the supervisor recorded the unit's end before it exited
     ended = units.reap(handle)
     assert ended is not None and ended.signal == "SIGTERM" and ended.code is None and not ended.resource_limit
     assert units.status(handle) == "stopped"
@@ -135,30 +137,42 @@ def test_stop_kills_the_whole_group(units: ChildUnits, run: RunDir) -> None:
     assert wait_for(lambda: not pid_alive(grandchild, ticks))
 
 
-def test_a_setsid_grandchild_escapes_child_mode(units: ChildUnits, run: RunDir) -> None:
-    # The documented weakness of child mode (systemd mode's control group has none: test_host_systemd).
+@pytest.mark.parametrize("cgroup", [False, True], ids=["process-tree", "cgroup-if-writable"])
+def test_stop_kills_a_setsid_grandchild(run: RunDir, cgroup: bool) -> None:
+    # A grandchild in a session of its own is out of the unit's group, but the supervisor is its subreaper.
+    units = ChildUnits(stop_timeout_ms=5_000, poll_ms=10, cgroup=cgroup)
     handle = units.start(py(spawn_grandchild(setsid=True)), run_dir=run.path, token=TOKEN, resources=ROOMY)
     grandchild = grandchild_of(run)
     ticks = proc_stat(grandchild).start_ticks  # type: ignore[union-attr]
     try:
+        assert os.getsid(grandchild) == grandchild != os.getsid(handle.pid)
         assert units.stop(handle) == ("SIGTERM",)
         assert not pid_alive(handle.pid, handle.start_ticks)
-        assert pid_alive(grandchild, ticks)
+        assert not pid_alive(grandchild, ticks)
+        ended = units.reap(handle)
+        assert ended is not None and ended.signal == "SIGTERM"
     finally:
-        os.kill(grandchild, signal.SIGKILL)
+        if pid_alive(grandchild, ticks):
+            os.kill(grandchild, signal.SIGKILL)
 
 
-def test_stop_ends_group_members_left_behind_by_a_dead_unit(units: ChildUnits, run: RunDir) -> None:
-    # The unit exits at once; its grandchild stays in the group. The zombie unit holds the group's id.
+def test_a_unit_s_leftovers_are_killed_when_it_ends(units: ChildUnits, run: RunDir) -> None:
+    # The unit exits at once; its grandchild (orphaned, re-parented to the supervisor) would run on.
     code = "import subprocess, sys\n" \
-           "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n" \
+           "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n" \
            "open('grandchild.pid', 'w').write(str(g.pid))\n"
     handle = units.start(py(code), run_dir=run.path, token=TOKEN, resources=ROOMY)
     grandchild = grandchild_of(run)
     ticks = proc_stat(grandchild).start_ticks  # type: ignore[union-attr]
-    assert wait_for(lambda: units.status(handle) == "gone")
-    assert units.stop(handle) == ("SIGTERM",)
-    assert wait_for(lambda: not pid_alive(grandchild, ticks))
+    try:
+        assert wait_for(lambda: units.status(handle) == "stopped")
+        assert not pid_alive(grandchild, ticks)  # killed before the end was recorded
+        ended = units.reap(handle)
+        assert ended is not None and ended.code == 0
+        assert units.stop(handle) == ()  # nothing left to signal
+    finally:
+        if pid_alive(grandchild, ticks):
+            os.kill(grandchild, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -208,13 +222,14 @@ def test_handles_of_another_boot_or_host_are_left_alone(units: ChildUnits, bysta
     assert bystander.poll() is None
 
 
-def test_an_exited_unit_is_a_zombie_gone_until_reaped(units: ChildUnits, run: RunDir) -> None:
+def test_an_exited_unit_is_stopped_and_reaping_leaves_no_zombie(units: ChildUnits, run: RunDir) -> None:
     handle = units.start(py("import sys; sys.stdin.read(); sys.exit(3)"), run_dir=run.path, token=TOKEN,
                          resources=ROOMY)
     assert wait_for(lambda: (s := proc_stat(handle.pid)) is not None and s.state == "Z")
-    assert units.status(handle) == "gone"
+    assert units.status(handle) == "stopped"  # its supervisor recorded the end before it exited
     ended = units.reap(handle)
     assert ended is not None and ended.code == 3 and ended.signal is None and not ended.resource_limit
+    assert proc_stat(handle.pid) is None  # the supervisor was collected
     assert units.status(handle) == "stopped"
 
 

@@ -160,7 +160,7 @@ def test_a_unit_with_a_hostile_file_fails_alone_and_the_host_goes_on(runner, clo
     handle = host.units()[good.lease.id].handle
     assert handle is not None and host.status(handle) == "running"
     assert wait_for(lambda: (Path(handle.run_dir) / "work" / "ready").exists())
-    host.stop(handle)
+    host.stop(handle, then=None)
     assert host.status(handle) in ("stopped", "gone")
     host.close()
 
@@ -223,7 +223,7 @@ def test_a_forged_unit_started_is_never_signalled_and_its_lease_is_lost(runner, 
             clock.advance(5_000)
     elif path == "stop":
         with pytest.raises(UnprovenUnitError):
-            host.stop(handle)
+            host.stop(handle, then=None)
         assert host.status(handle) == "unknown"
     host.reconcile()
     assert host.reconcile() == []  # converged
@@ -294,5 +294,5 @@ def test_a_forged_command_for_a_running_unit_stops_it_and_is_never_woken(runner,
     assert parked(store, receipt.lease.id) == ["lost-poll"]
     assert host.status(handle) in ("stopped", "gone")  # the host's own unit goes with its lease
     assert host.status(kept) == "running"
-    host.stop(kept)
+    host.stop(kept, then=None)
     host.close()

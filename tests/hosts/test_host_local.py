@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from waiting import wait_for
 
@@ -40,6 +41,13 @@ POLITE = ("import signal,sys,time\n"
           "time.sleep(120)\n")
 STUBBORN = ("import signal,sys,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nsys.stdin.read()\n"
             "open('ready','w').close()\ntime.sleep(120)\n")
+
+
+def unit_pid(handle: UnitRecord) -> int:
+    """The unit's own pid: the one child of its supervisor (the handle's pid)."""
+    children = Path(f"/proc/{handle.pid}/task/{handle.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
 
 
 def ready(handle: UnitRecord) -> bool:
@@ -107,7 +115,7 @@ def test_start_status_stop_and_the_token_reaches_only_stdin(env, clock, tmp_path
     run_dir = Path(handle.run_dir)
     assert run_dir.name == receipt.lease.id and (run_dir / "work").is_dir()
     assert types(store)[-2:] == ["UnitStarting", "UnitStarted"]
-    host.stop(handle)
+    host.stop(handle, then=None)
     assert host.status(handle) in ("stopped", "gone")
     assert types(store)[-1] == "UnitStopped"
 
@@ -118,7 +126,7 @@ def test_a_killed_unit_parks_its_lease_lost_poll(env, clock) -> None:
     other = lease(lifecycle, clock, "s2")
     handle = host.start(receipt, command=[sys.executable, "-c", POLITE], token=TOKEN)
     host.start(other, command=[sys.executable, "-c", POLITE], token=TOKEN)
-    os.kill(handle.pid, signal.SIGKILL)
+    os.kill(unit_pid(handle), signal.SIGKILL)
     seen: list[tuple[str, str]] = []
 
     def parked() -> bool:
@@ -308,11 +316,12 @@ def test_a_host_killed_between_intent_and_outcome_adopts_its_unit_on_restart(env
     assert wait_for(lambda: ready(adopted))
     run_dir = Path(adopted.run_dir)
     units_in_dir = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cwd(pid) == str(run_dir / "work")]
-    assert units_in_dir == [str(adopted.pid)]
+    assert units_in_dir == [str(unit_pid(adopted))]
     lifecycle.request_drain(expected_generation=1, timeout_ms=60_000)
     host.reconcile()
-    # Not this host's child any more: its end shows as gone, and the lease is parked lost-poll.
+    # Not this host's child, but its supervisor recorded the clean exit: the lease settles.
     assert wait_for(lambda: (host.reconcile() or True) and lifecycle.snapshot().state == "parked")
+    assert lease_status(lifecycle, receipt.lease.id)[0] == "settled"
 
 
 def _cwd(pid: str) -> str:
@@ -365,3 +374,39 @@ def test_a_run_root_holding_a_lone_surrogate_is_refused_naming_run_root(env, roo
     with pytest.raises(InvalidInputError) as err:
         LocalHost(lifecycle, mode="child", run_root=root)
     assert err.value.field == "run_root"
+
+
+LEAVING_HOST = textwrap.dedent("""
+    import sys
+    import msgspec
+    from lifecycle_es import EventStore, Resources, RunnerLifecycle
+    from lifecycle_es.receipts import LeaseReceipt
+    from hosts.local import LocalHost
+    db, base, receipt_json, now, code = sys.argv[1:6]
+    with EventStore.open(db) as store:
+        lifecycle = RunnerLifecycle(store, runner_id="runner-1", target="local", base_dir=base,
+                                    resources=Resources(cpu_seconds=30, memory_bytes=1 << 30),
+                                    post_session_hook_digest="sha256:" + "a" * 64, now=lambda: int(now))
+        host = LocalHost(lifecycle, mode="child")
+        receipt = msgspec.json.decode(receipt_json.encode(), type=LeaseReceipt)
+        host.start(receipt, command=[sys.executable, "-c", code], token="tok")
+        host.close()
+""")
+# Reads its token, says it is ready, exits 0 once the test lets it go (after the host that started it is gone).
+WAITS_THEN_EXITS = ("import os,sys,time\nsys.stdin.read()\nopen('ready','w').close()\n"
+                    "while not os.path.exists('go'): time.sleep(0.01)\n")
+
+
+def test_a_clean_exit_after_the_host_restarted_settles_the_lease(env, clock) -> None:
+    store, lifecycle, host = env
+    receipt = lease(lifecycle, clock, "s1")
+    subprocess.run([sys.executable, "-c", LEAVING_HOST, store.path, lifecycle.base_dir,
+                    msgspec.json.encode(receipt).decode(), str(clock()), WAITS_THEN_EXITS], check=True, timeout=60)
+    handle = host.units()[receipt.lease.id].handle
+    assert handle is not None and host.status(handle) == "running"  # the old host is gone, its unit is not
+    assert wait_for(lambda: ready(handle))
+    (Path(handle.run_dir) / "work" / "go").touch()
+    assert wait_for(lambda: host.status(handle) != "running")
+    actions = host.reconcile()  # this host is not the unit's parent, and never was
+    assert [(a.kind, a.detail) for a in actions] == [("exited", "settled (exit code 0)"), ("settled", "")]
+    assert lease_status(lifecycle, receipt.lease.id)[0] == "settled"

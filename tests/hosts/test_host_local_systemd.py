@@ -199,5 +199,5 @@ def test_a_systemd_unit_started_by_a_host_that_died_before_recording_it_is_adopt
     handle = again.units()[receipt.lease.id].handle
     assert handle is not None and again.status(handle) == "running"
     assert [r.type for r in store.read()][-2:] == ["UnitStarting", "UnitStarted"]
-    again.stop(handle)
+    again.stop(handle, then=None)
     again.close()

@@ -626,9 +626,14 @@ def host_facts(rig: Rig) -> dict[str, tuple[type[Event], dict[str, object], dict
                                                                    "SIGKILL\n", ""]), NOT_STRINGS)),
                         "outcome": plain(members_not_of("settled", "lost-poll", "resource-limit",
                                                         "checkout-failure"))}),
-        "UnitStopped": (UnitStopped, {"lease_id": lease_id, "reason": "stopped"},
+        "UnitStopped": (UnitStopped, {"lease_id": lease_id, "reason": "stopped", "signals": ("SIGTERM", "SIGKILL")},
                         {"lease_id": IDS, "reason": plain(st.one_of(members_not_of("stopped", "lease-ended"),
-                                                                    st.just("x" * 100_000)))}),
+                                                                    st.just("x" * 100_000))),
+                         "signals": plain(st.one_of(
+                             st.sampled_from([("SIGHUP",), ("SIGTERM", "SIGTERM"), ("SIGTERM", "SIGKILL", "SIGHUP"),
+                                              ("sigterm",), (None,), ("SIGKILL\n",), (("SIGTERM",),), "SIGTERM",
+                                              ["SIGTERM"]]),
+                             st.tuples(members_not_of("SIGTERM", "SIGKILL")), NOT_STRINGS, st.none()))}),
         "UnitWakeRecorded": (UnitWakeRecorded, {"lease_id": lease_id, "wake_at": T0},
                              {"lease_id": IDS, "wake_at": plain(bad_ints(0, MAX_EPOCH_MS))}),
     }
@@ -746,6 +751,11 @@ ONE_VALIDATION = [
                      mode="child", host="h", boot_id="b", run_dir=f"{env.base_dir}/{env.lease_id}", pid=1,
                      start_ticks=1))),
                  "handle.pid", id="unit-pid-1"),
+    pytest.param(_fact(lambda env: UnitStopped(lease_id=env.lease_id, reason="stopped",
+                                               signals=("SIGTERM", "SIGKILL", "SIGKILL"))),
+                 _on_runner(lambda env: UnitStopped(lease_id=env.lease_id, reason="stopped",
+                                                    signals=("SIGTERM", "SIGKILL", "SIGKILL"))),
+                 "signals", id="stop-signals-three"),
 ]
 
 
