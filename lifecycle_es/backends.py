@@ -125,6 +125,20 @@ def create_store(target: str, *, store_id: bytes, key_id: str | None, rows: Iter
     create_file_store(target, store_id=store_id, key_id=key_id, rows=rows)
 
 
+def store_exists(target: str) -> bool:
+    """Whether something is at `target`: a file (or link) at the path, or a store in the URL's schema."""
+    if is_url(target):
+        from .postgres_schema import connect
+        from .postgres_schema import store_exists as schema_holds_store
+
+        parsed = server_target(target)
+        with connect(parsed) as conn:
+            return schema_holds_store(conn, parsed.schema)
+    import os
+
+    return os.path.lexists(target)
+
+
 def remove_store(target: str) -> None:
     """Remove a store `create_store` made (an import that failed its check): the file and its -wal/-shm,
     or the server's schema."""

@@ -56,7 +56,7 @@ def store_bytes(path: Path) -> tuple[str, str]:
             hashlib.sha256(wal.read_bytes() if wal.exists() else b"").hexdigest())
 
 
-def audit_json(path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+def audit_json(path: Path | str, *extra: str) -> tuple[int, dict[str, Any]]:
     """``audit PATH --json`` (plus `extra`): the exit code and the parsed object."""
     done = run("audit", path, "--json", *extra)
     assert "Traceback" not in done.stderr, done.stderr

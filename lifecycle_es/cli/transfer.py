@@ -2,12 +2,17 @@
 
     lifecycle-es export runners.db runners.jsonl       every row, all columns, bytes as hex
     lifecycle-es import runners.jsonl restored.db      verified, written exactly, verified again
+    lifecycle-es import runners.jsonl 'postgresql://db.example/fleet?schema=fleet'   the same, onto a server
+
+A store is a file or a ``postgresql://`` URL on either side, so the two move a store between SQLite and
+PostgreSQL (and back) with its chain, hash for hash.
 
 The first line is a header: ``{"format": "lifecycle-es-export", "version": 1, "store_id", "key_id",
 "events", "head_seq", "head_hash"}``; each line after it is one row ``{"seq", "stream", "version",
 "type", "at", "body", "prev", "hash"}`` with ``body``, ``prev`` and ``hash`` in hex. Import keeps the
 store id (the chain's genesis derives from it) and the rows' bytes, so the new file's chain is the old
-one, hash for hash. Neither command overwrites a file (exit 73); an export is written 0600, like a store.
+one, hash for hash. Neither command overwrites a file or a server's store (exit 73); an export is
+written 0600, like a store.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ import msgspec
 
 from lifecycle_es import chain
 from lifecycle_es.backend import Row
+from lifecycle_es.backends import create_store, is_url, remove_store, store_exists
 from lifecycle_es.errors import StoreKeyError
 from lifecycle_es.files import text_path
-from lifecycle_es.sqlite_files import create_store
 from lifecycle_es.store import EventStore
 
 from .access import DOWNGRADED, input_file, open_store, read_key_file, require_file
@@ -71,7 +76,7 @@ def register(subparsers: Any) -> None:
         "export", help="write every row of the log as JSON lines (bytes as hex), after a header line",
         description="Write the log to OUT: a header line (store id, key id, head), then one JSON line per row "
                     "with every column. OUT must not exist; it is created 0600.")
-    export.add_argument("file", metavar="FILE", help="the store file")
+    export.add_argument("file", metavar="FILE", help="the store file, or a postgresql:// URL")
     export.add_argument("out", metavar="OUT.jsonl", help="the export to write")
     export.set_defaults(run=run_export)
 
@@ -80,7 +85,8 @@ def register(subparsers: Any) -> None:
         description="Verify the export's whole chain, write its rows exactly into a new store FILE (same store "
                     "id, so the chain is unchanged), then verify FILE. FILE must not exist.")
     restore.add_argument("source", metavar="IN.jsonl", help="an export written by `lifecycle-es export`")
-    restore.add_argument("file", metavar="FILE", help="the new store file")
+    restore.add_argument("file", metavar="FILE", help="the new store file, or a postgresql:// URL whose schema "
+                                                      "holds no store yet")
     restore.add_argument("-k", "--key-file", metavar="K", help="the key of a keyed store's export")
     restore.set_defaults(run=run_import)
 
@@ -146,7 +152,12 @@ def _new_file(path: str) -> Iterator[IO[bytes]]:
 
 def run_import(args: argparse.Namespace) -> int:
     """Verify the export, write the new store, verify it."""
-    _refuse_existing(args.file, "FILE")
+    if is_url(args.file):
+        require_file(args.file)  # never a password on the command line
+        if store_exists(args.file):
+            raise CommandError(EXIT_CANTCREAT, f"{args.file} already holds a store; it is not overwritten")
+    else:
+        _refuse_existing(args.file, "FILE")
     key = read_key_file(args.key_file) if args.key_file else None
     # One open for both passes: the rows written are read from the file whose chain was verified.
     with input_file(args.source, what="export", arg="IN.jsonl") as source:
@@ -163,9 +174,8 @@ def run_import(args: argparse.Namespace) -> int:
             raise CommandError(EXIT_DATAERR, f"{args.file!r} does not hold the export's chain (the export changed "
                                              "while it was imported?)")
     except BaseException:
-        for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(OSError):
-                os.unlink(args.file + suffix)
+        with contextlib.suppress(Exception):
+            remove_store(args.file)
         raise
     print(f"imported {report.events:,} events into {args.file}, chain verified"
           + (f" (head seq {report.head.seq:,}, hash {report.head.hash.hex()})" if report.events else ""))
