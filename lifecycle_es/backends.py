@@ -45,7 +45,8 @@ class ServerTarget:
     notify: bool
     """Whether appends send NOTIFY (followers wake at once) or not (followers poll)."""
     shown: str
-    """The URL with its password masked: what messages and `Backend.path` show."""
+    """The URL with its password masked (this library's parameters kept, so it names the same store):
+    what messages and `Backend.path` show."""
 
 
 def server_target(url: str) -> ServerTarget:
@@ -72,7 +73,7 @@ def server_target(url: str) -> ServerTarget:
         else:
             kept.append(written)
     conninfo = urllib.parse.urlunsplit(parts._replace(query="&".join(kept)))
-    return ServerTarget(conninfo, schema, notify, mask_password(conninfo))
+    return ServerTarget(conninfo, schema, notify, mask_password(url))
 
 
 def mask_password(url: str) -> str:

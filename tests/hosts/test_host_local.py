@@ -60,11 +60,14 @@ def clock() -> FakeClock:
     return FakeClock(time.time_ns() // 1_000_000)  # real time: unit names and pids are real
 
 
-@pytest.fixture
-def env(tmp_path: Path, clock: FakeClock) -> Iterator[tuple[EventStore, RunnerLifecycle, LocalHost]]:
+@pytest.fixture(params=["sqlite", "postgres"])
+def env(request: pytest.FixtureRequest, tmp_path: Path,
+        clock: FakeClock) -> Iterator[tuple[EventStore, RunnerLifecycle, LocalHost]]:
+    """A runner and its child-mode host, on a store file or (the same tests) on a PostgreSQL server."""
     base = tmp_path / "base"
     base.mkdir()
-    store = EventStore.open(tmp_path / "events.db")
+    target = request.getfixturevalue("pg_url") if request.param == "postgres" else str(tmp_path / "events.db")
+    store = EventStore.open(target)
     lifecycle = RunnerLifecycle(store, runner_id="runner-1", target="local", base_dir=str(base),
                                 resources=Resources(cpu_seconds=30, memory_bytes=1 << 30),
                                 post_session_hook_digest=HOOK, now=clock)
