@@ -29,7 +29,7 @@ without its key, a file that is not a store); everything found wrong in a log is
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .signing import Verifier
 
 # What `audit`'s trust= takes: a public key file, a Verifier, or a list of them.
-Trust: TypeAlias = "str | os.PathLike[str] | Verifier | list[str | os.PathLike[str] | Verifier]"
+Trust: TypeAlias = "str | os.PathLike[str] | Verifier | Sequence[str | os.PathLike[str] | Verifier]"
 
 MAX_PROBLEMS = 100
 MAX_SCHEMA_PROBLEMS = 10

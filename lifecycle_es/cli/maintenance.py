@@ -3,9 +3,12 @@
     lifecycle-es rebuild runners.db          drop snapshots and read models, rebuild them by replay
     lifecycle-es rebuild runners.db --key-file store.key    the same for a keyed store (snapshots are MAC'd)
     lifecycle-es seal runners.db             verify the chain, then write the head to runners.db.seal
+    lifecycle-es seal runners.db --sign ops.key    also append a signed checkpoint to runners.db.checkpoints
 
 A seal blesses the head it records, so ``seal`` verifies the chain first (``--no-verify`` skips that,
-for a log just audited). A log already behind an earlier seal is refused, not re-sealed.
+for a log just audited). A log already behind an earlier seal is refused, not re-sealed. ``--sign``
+also signs the head with an Ed25519 key of ``lifecycle-es keygen`` (`lifecycle_es.checkpoints`):
+anyone with its public key can then hold the log to it, with no secret.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from typing import Any
 
 from lifecycle_es.store import EventStore
 
-from .access import open_store, read_key_file, require_file
-from .exits import EXIT_OK, printable
+from .access import open_store, read_key_file, read_signer, require_file
+from .exits import EXIT_OK, EXIT_USAGE, CommandError, printable
 
 
 def register(subparsers: Any) -> None:
@@ -38,6 +41,10 @@ def register(subparsers: Any) -> None:
     seal.add_argument("file", metavar="FILE", help="the store file")
     seal.add_argument("-k", "--key-file", metavar="K", help="the store key (a keyed store's seal is a MAC)")
     seal.add_argument("--no-verify", action="store_true", help="seal without verifying the chain first")
+    seal.add_argument("--sign", metavar="KEY", help="also sign the head with this private key (lifecycle-es keygen) "
+                                                    "and append the checkpoint to FILE.checkpoints")
+    seal.add_argument("--checkpoints", metavar="CP", help="the checkpoint file --sign appends to "
+                                                          "(default: FILE.checkpoints)")
     seal.set_defaults(run=run_seal)
 
 
@@ -59,14 +66,21 @@ def run_rebuild(args: argparse.Namespace) -> int:
 def run_seal(args: argparse.Namespace) -> int:
     """Verify the chain and seal the head."""
     key = read_key_file(args.key_file) if args.key_file else None
+    if args.checkpoints is not None and args.sign is None:
+        raise CommandError(EXIT_USAGE, "--checkpoints names where --sign appends: pass --sign KEY too")
+    signer = read_signer(args.sign) if args.sign is not None else None
     with open_store(args.file, key=key, need_key=True) as store:
         started = time.perf_counter()
         verified = None if args.no_verify else store.verify(key=key)
         sealed = store.seal()
-        if verified is not None and sealed.seq != verified.head.seq:
-            # Another process appended between the two: what the seal blesses must have been verified too.
+        signed = store.checkpoint(signer, args.checkpoints) if signer is not None else None
+        if verified is not None and max(sealed.seq, signed.seq if signed else 0) > verified.head.seq:
+            # Another process appended meanwhile: what the seal and the checkpoint bless must be verified too.
             verified = store.verify(key=key)
     checked = "not verified" if verified is None else (
         f"{verified.events:,} events verified in {time.perf_counter() - started:.2f} s")
     print(printable(f"sealed {args.file} at seq {sealed.seq:,}, hash {sealed.hash} ({checked}) -> {args.file}.seal"))
+    if signed is not None and signer is not None:
+        print(printable(f"signed checkpoint at seq {signed.seq:,} by {signer.verifier.name}+"
+                        f"{signer.verifier.hash.hex()} -> {args.checkpoints or args.file + '.checkpoints'}"))
     return EXIT_OK
