@@ -73,7 +73,7 @@ class Verifier:
     def parse(cls, text: str) -> Verifier:
         """The verifier a ``name+hash+base64(0x01 || key)`` text names; InvalidInputError("trust") when it
         is malformed or its hash is not its name's and key's (a key swapped under a name)."""
-        parts = text.strip().split("+")
+        parts = text.strip().split("+", 2)  # base64 may hold a "+"
         data = unb64(parts[2]) if len(parts) == 3 else None
         if (data is None or len(data) != 33 or data[0] != ED25519 or not re.fullmatch(r"[0-9a-f]{8}", parts[1])
                 or not NAME.fullmatch(parts[0])):
@@ -169,7 +169,7 @@ def load_signer(path: str | os.PathLike[str]) -> Signer:
     """
     name = text_path(path, "path")
     data = read_regular(name, limit=MAX_KEY_FILE_BYTES, what="signing key", private=True)
-    parts = data.strip().split(b"+")
+    parts = data.strip().split(b"+", 4)
     raw = unb64(parts[4].decode("ascii", "replace")) if len(parts) == 5 and parts[:2] == [b"PRIVATE", b"KEY"] else None
     try:
         key_name = parts[2].decode("utf-8") if raw is not None else ""
