@@ -52,7 +52,7 @@ Trust: TypeAlias = "str | os.PathLike[str] | Verifier | Sequence[str | os.PathLi
 MAX_PROBLEMS = 100
 MAX_SCHEMA_PROBLEMS = 10
 MAX_REASON_CHARS = 1000
-CHECKS = ("schema", "chain", "rules", "snapshots", "read_models", "seal", "checkpoints")
+CHECKS = ("schema", "chain", "rules", "snapshots", "read_models", "seal")
 # The check each kind of problem fails, where the kind is not the check's own name.
 _CHECK_OF = {"snapshot": "snapshots", "read-model": "read_models", "key": "chain", "read": "chain",
              "checkpoint": "checkpoints", "fork": "checkpoints", "signature": "checkpoints",
@@ -85,8 +85,8 @@ def _one_line(text: str) -> str:
 class AuditReport:
     """What the audit found: the log's shape, what was proved (`checks`), and every problem, first bad first.
 
-    `checks` maps each of ``schema``, ``chain``, ``rules``, ``snapshots``, ``read_models``, ``seal`` and
-    ``checkpoints`` to
+    `checks` maps each of ``schema``, ``chain``, ``rules``, ``snapshots``, ``read_models`` and ``seal`` (and
+    ``checkpoints`` when the audit was given keys to trust) to
     True (proved), False (a problem found there) or None (not checked: nothing to check, or an earlier
     problem stopped the pass before it).
     """

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 def check_checkpoints(store: EventStore, report: AuditReport, path: str, trusted: list[Verifier]) -> None:
     """Check the checkpoint file at `path` with the `trusted` keys against `store`, into `report`."""
     found = report.checkpoints = {"path": path, "ok": False, "checked": 0, "seq": None}
+    report.checks.setdefault("checkpoints", None)
     problems = len(report.problems)
     by_seq: dict[tuple[str, int], tuple[str, str]] = {}
     seen: dict[str, int] = {}
