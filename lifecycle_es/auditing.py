@@ -186,8 +186,11 @@ def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = No
     path = target.path if isinstance(target, EventStore) else text_path(target, "target")
     if seal_path is None and os.path.lexists(path + ".seal"):
         seal_path = path + ".seal"
-    signed = (text_path(checkpoints, "checkpoints") if checkpoints is not None else path + ".checkpoints",
-              trusted) if trusted is not None else None
+    signed = None
+    if trusted is not None:
+        from .checkpoints import default_path
+
+        signed = (text_path(checkpoints, "checkpoints") if checkpoints is not None else default_path(path), trusted)
     if isinstance(target, EventStore):
         return _audit(target, key, seal_path, jobs, progress, signed)
     store = open_for_audit(path, None)

@@ -21,6 +21,7 @@ A note repeated byte for byte is a warning, not a problem: it says nothing new.
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 from .checkpoints import Checkpoint, Note, read_notes
@@ -39,7 +40,7 @@ def check_checkpoints(store: EventStore, report: AuditReport, path: str, trusted
     report.checks.setdefault("checkpoints", None)
     problems = len(report.problems)
     by_seq: dict[tuple[str, int], tuple[str, str]] = {}
-    seen: dict[str, int] = {}
+    seen: dict[bytes, int] = {}  # a note's digest: the file may hold a million
     last: tuple[int, str, str] | None = None
     head = report.head_seq
     try:
@@ -47,7 +48,7 @@ def check_checkpoints(store: EventStore, report: AuditReport, path: str, trusted
             if note.malformed is not None or note.checkpoint is None:
                 report.add(None, None, "checkpoint-file", f"checkpoint file {path}: {note.malformed}")
                 continue
-            whole = note.whole()
+            whole = hashlib.sha256(note.whole().encode()).digest()
             if whole in seen:
                 report.warnings.append(f"checkpoint file {path}: the note at line {note.line} repeats the one at "
                                        f"line {seen[whole]}")

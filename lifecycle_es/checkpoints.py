@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from .canonical import iso_ms, timestamp
 from .errors import InvalidInputError, StoreIOError, StoreKeyError
-from .files import UnsafeFileError, open_regular
+from .files import TOO_LARGE, UnsafeFileError, open_regular, text_path
 from .signing import NAME, Signer, Verifier, b64, unb64
 from .values import MAX_SAFE_INTEGER, shown
 
@@ -55,7 +55,7 @@ ORIGIN = "lifecycle-es/"
 DASH = "\u2014 "
 MAX_SIGNATURES = 100  # per note, Go's cap
 MAX_LINE_BYTES = 1024  # a checkpoint's longest line is a signature line of a long name: ~220 bytes
-MAX_CHECKPOINTS_BYTES = 1 << 30
+MAX_CHECKPOINTS_BYTES = 256 << 20  # a million checkpoints: one every 1000 events of a billion-event log
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _SEQ = re.compile(r"0|[1-9][0-9]{0,15}")
 
@@ -205,16 +205,27 @@ def read_notes(path: str) -> Iterator[Note]:
 
 
 def _lines(handle: object, path: str) -> Iterator[tuple[int, str]]:
-    number = 0
+    number = total = 0
     while True:
         line: bytes = handle.readline(MAX_LINE_BYTES + 1)  # type: ignore[attr-defined]
         if not line:
             return
         number += 1
-        if len(line) > MAX_LINE_BYTES:
+        total += len(line)
+        if len(line) > MAX_LINE_BYTES or total > MAX_CHECKPOINTS_BYTES:  # the file may grow while it is read
             raise UnsafeFileError(errno.EFBIG, f"checkpoint file {path!r}: line {number} is longer than "
-                                               f"{MAX_LINE_BYTES} bytes: not a checkpoint file", kind="too-large")
+                                               f"{MAX_LINE_BYTES} bytes or past {MAX_CHECKPOINTS_BYTES} bytes in "
+                                               "all: not a checkpoint file", kind=TOO_LARGE)
         yield number, line.decode("utf-8", "replace")
+
+
+def default_path(store_path: str) -> str:
+    """``<db>.checkpoints`` beside a store file; InvalidInputError("path") for a store that is no file (a
+    server's URL), whose checkpoint file must be named."""
+    if "://" in store_path:
+        raise InvalidInputError("path", f"the store {store_path.split('@')[-1]!r} is not a file: name the "
+                                        "checkpoint file to use")
+    return text_path(store_path + ".checkpoints", "path")
 
 
 # --- signing -----------------------------------------------------------------------------------------
@@ -262,5 +273,5 @@ def append_checkpoint(store: EventStore, signer: Signer, path: str) -> Checkpoin
     return checkpoint
 
 
-__all__ = ["Checkpoint", "Note", "Signer", "Verifier", "append_checkpoint", "notes", "parse_signature",
+__all__ = ["Checkpoint", "Note", "Signer", "Verifier", "append_checkpoint", "default_path", "notes", "parse_signature",
            "parse_text", "read_notes", "sign_checkpoint"]

@@ -444,10 +444,9 @@ class EventStore:
         Anyone with the signer's public key can later prove the log still holds that head
         (``lifecycle_es.audit(..., trust=...)``); see `lifecycle_es.checkpoints`. Needs ``cryptography``.
         """
-        from .checkpoints import append_checkpoint
+        from .checkpoints import append_checkpoint, default_path
 
-        return append_checkpoint(self, signer, text_path(path, "path") if path is not None else self.path
-                                 + ".checkpoints")
+        return append_checkpoint(self, signer, text_path(path, "path") if path is not None else default_path(self.path))
 
     def check_seal(self, path: str | os.PathLike[str], *, key: bytes | None = None) -> Seal:
         """Check that the log has not fallen behind the seal at `path`; return the seal."""

@@ -443,3 +443,20 @@ def test_keys_and_signatures_are_those_of_go_sumdb_note(tmp_path: Path) -> None:
     assert (name, hash_) == ("PeterNeumann", bytes.fromhex("c74f20a3"))
     assert signer.verifier.verify(GO_TEXT.encode(), signature)
     assert not signer.verifier.verify(GO_TEXT.encode() + b"!", signature)
+
+
+def test_a_store_that_is_no_file_names_its_checkpoint_file() -> None:
+    from lifecycle_es.checkpoints import default_path
+
+    with pytest.raises(InvalidInputError) as info:
+        default_path("postgresql://auditor:hunter2@db.example/runners")
+    assert info.value.field == "path" and "hunter2" not in str(info.value)
+    assert default_path("runners.db") == "runners.db.checkpoints"
+
+
+def test_an_empty_log_is_signed_and_checked_by_its_store_and_key_ids(tmp_path: Path, keys: dict[str, Path]) -> None:
+    with EventStore.open(tmp_path / "empty.db") as store:
+        signed = store.checkpoint(load_signer(keys["a"]))
+    assert (signed.seq, signed.key_id) == (0, None)
+    report = audited(tmp_path / "empty.db", keys)
+    assert report.ok and report.checkpoints is not None and report.checkpoints["checked"] == 1
