@@ -170,6 +170,22 @@ def test_unkeyed_history_rewritten_and_rechained_fails_naming_the_checkpoint(pla
     assert f"the checkpoint at line 1 of {path}.checkpoints (seq {MID[0]}, signed by signer-a+" in found[0]
 
 
+@pytest.mark.parametrize(("column", "value"), [
+    ("body", b'{"generation":1}'), ("at", "2026-01-01T00:00:03.500Z"), ("type", "RunnerParked"),
+    ("stream", "runner-9"), ("version", 99),
+])
+def test_any_column_changed_and_rechained_is_caught_at_every_checkpoint_after_it(
+        plain: Path, keys: dict[str, Path], column: str, value: object) -> None:
+    path = plain
+    attack(path, (f"UPDATE events SET {column} = ? WHERE seq = 4", (value,)))
+    rechain(path)
+    os.unlink(f"{path}.seal")
+    report = audited(path, keys)
+    found = [problem for problem in report.problems if problem.kind == "checkpoint"]
+    assert [problem.seq for problem in found] == [MID[0], MID[1], head_of(path)], report.problems
+    assert all("rewritten behind a signed checkpoint" in problem.reason for problem in found)
+
+
 @pytest.mark.parametrize("seq", [1, MID[0], MID[1] + 1])
 def test_changed_byte_without_rechaining_is_caught_and_checkpoints_still_checked(
         copy: tuple[Path, bytes | None], keys: dict[str, Path], seq: int) -> None:
