@@ -100,7 +100,7 @@ def parse_text(lines: list[str]) -> Checkpoint | str:
         return f"head hash {shown(digest)} is not 32 bytes in base64"
     try:
         canonical = timestamp(at[3:], "at") if at.startswith("at ") else None
-    except InvalidInputError:
+    except (ValueError, OverflowError):  # InvalidInputError is a ValueError
         canonical = None
     if canonical is None or canonical != at[3:]:
         return f"{shown(at)} is not 'at' and a UTC time in milliseconds"

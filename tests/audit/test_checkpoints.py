@@ -12,12 +12,15 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import apsw
 import pytest
 from fleets import KEY, attack, build_fleet, rechain
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import lifecycle_es
 from lifecycle_es import EventStore, InvalidInputError, chain
@@ -476,3 +479,30 @@ def test_an_empty_log_is_signed_and_checked_by_its_store_and_key_ids(tmp_path: P
     assert (signed.seq, signed.key_id) == (0, None)
     report = audited(tmp_path / "empty.db", keys)
     assert report.ok and report.checkpoints is not None and report.checkpoints["checked"] == 1
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_checkpoint_file_gives_a_report_never_an_exception(data: st.DataObject, fleets: dict[bytes | None, Path],
+                                                               keys: dict[str, Path]) -> None:
+    whole = Path(f"{fleets[None]}.checkpoints").read_bytes()
+    mutated = bytearray(whole)
+    for _ in range(data.draw(st.integers(1, 8))):
+        position = data.draw(st.integers(0, len(mutated) - 1))
+        choice = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        if choice == "flip":
+            mutated[position] ^= data.draw(st.integers(1, 255))
+        elif choice == "cut":
+            del mutated[position:position + data.draw(st.integers(1, 40))]
+        else:
+            mutated[position:position] = data.draw(st.binary(min_size=1, max_size=20))
+        if not mutated:
+            break
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "cp"
+        path.write_bytes(bytes(mutated))
+        report = audited(fleets[None], keys, checkpoints=path)
+    assert report.checkpoints is not None
+    assert report.checkpoints["checked"] <= 3  # no edit makes a checkpoint the key did not sign
+    assert report.ok or report.checks["checkpoints"] is False
+    assert all(problem.kind in {"checkpoint", "fork", "signature", "checkpoint-file"} for problem in report.problems)
