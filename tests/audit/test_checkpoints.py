@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -506,3 +508,12 @@ def test_any_checkpoint_file_gives_a_report_never_an_exception(data: st.DataObje
     assert report.checkpoints["checked"] <= 3  # no edit makes a checkpoint the key did not sign
     assert report.ok or report.checks["checkpoints"] is False
     assert all(problem.kind in {"checkpoint", "fork", "signature", "checkpoint-file"} for problem in report.problems)
+
+
+def test_the_package_imports_cryptography_only_when_a_key_is_used() -> None:
+    code = ("import sys, lifecycle_es, lifecycle_es.cli, lifecycle_es.checkpoint_audit\n"
+            "print('cryptography' in sys.modules)\n"
+            "lifecycle_es.Verifier.parse(" + repr(GO_VERIFIER) + ").verify(b'x', bytes(64))\n"
+            "print('cryptography' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "True"]
