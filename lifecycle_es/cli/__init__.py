@@ -8,9 +8,9 @@
     lifecycle-es rebuild FILE [-k KEY_FILE]
     lifecycle-es seal FILE [-k KEY_FILE] [--no-verify] [--sign KEY [--checkpoints CP]]
     lifecycle-es keygen FILE [--name NAME]
-    lifecycle-es export FILE OUT.jsonl
+    lifecycle-es export FILE OUT.jsonl [--checkpoints CP]
     lifecycle-es import IN.jsonl FILE [-k KEY_FILE]
-    lifecycle-es host FILE -r R [--mode child|systemd]
+    lifecycle-es host FILE -r R [--mode child|systemd] [--sign KEY [--checkpoint-every N] [--checkpoint-seconds T]]
     lifecycle-es demo [--dir DIR]
 
 The short options mean the same wherever they appear: ``-r`` a runner, ``-k`` a key file, ``-j`` JSON
