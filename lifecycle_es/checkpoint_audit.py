@@ -136,5 +136,5 @@ def _against_log(store: EventStore, report: AuditReport, checkpoint: Checkpoint,
         report.add(checkpoint.seq, None, "checkpoint", f"{name}: the event it vouches for cannot be read: {exc}")
         return
     if row is None or row[7].hex() != checkpoint.hash:
-        report.add(checkpoint.seq, None, "checkpoint", f"the log does not hold the head {name} signed: history "
-                                                       "was rewritten behind a signed checkpoint")
+        report.add(checkpoint.seq, None, "checkpoint", f"{name} signed a head the log does not hold at that seq: "
+                                                       "history was rewritten behind a signed checkpoint")

@@ -137,8 +137,8 @@ def summary(report: Any) -> str:
     ]
     if report.checkpoints is not None:
         signed = report.checkpoints
-        items.append(("checkpoints", f"{signed['checked']:,} signed checkpoint(s) verified, the last at seq "
-                                     f"{signed['seq']:,}" + (" ok" if signed["ok"] else "; FAILED")
+        items.append(("checkpoints", f"{signed['checked']:,} signed by a trusted key, the last at seq "
+                                     f"{signed['seq']:,}: " + ("ok" if signed["ok"] else "FAILED")
                       if signed["checked"] else f"{signed['path']}: FAILED"))
     first = report.first_problem
     if first is None:
