@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from .caches import SnapshotCheck, check_read_models
 from .checkpoint_audit import check_checkpoints
+from .checkpoints import default_path
 from .errors import InvalidInputError, LifecycleError, StoreBehindSealError, StoreKeyError
 from .files import text_path
 from .log import RecordedEvent
@@ -188,8 +189,6 @@ def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = No
         seal_path = path + ".seal"
     signed = None
     if trusted is not None:
-        from .checkpoints import default_path
-
         signed = (text_path(checkpoints, "checkpoints") if checkpoints is not None else default_path(path), trusted)
     if isinstance(target, EventStore):
         return _audit(target, key, seal_path, jobs, progress, signed)
