@@ -7,6 +7,7 @@ side lives in `projections`, the host driver in `hosts`; this package imports ne
 from ._version import __version__ as __version__
 from .auditing import AuditReport, Problem, audit
 from .authority import assert_lease_authority, lifecycle_profile_from_lease
+from .checkpoints import Checkpoint
 from .errors import (
     EXIT_DATAERR,
     EXIT_FENCED,
@@ -46,6 +47,7 @@ from .receipts import (
     RunnerSnapshot,
 )
 from .seal import Seal
+from .signing import Signer, Verifier, generate_key, load_signer, load_verifier
 from .state import Drain, Lease, ProxyRef, RunnerCapacityError, RunnerState
 from .store import EventStore, WriteTransaction
 from .values import ProxyAuthority, Resources
@@ -58,6 +60,7 @@ __all__ = [
     "AuditReport",
     "AuthorityError",
     "BaseDirClaim",
+    "Checkpoint",
     "ConcurrencyError",
     "Drain",
     "DrainParkSnapshot",
@@ -87,6 +90,7 @@ __all__ = [
     "RunnerSnapshot",
     "RunnerState",
     "Seal",
+    "Signer",
     "StaleFenceError",
     "StoreBehindSealError",
     "StoreBusyError",
@@ -98,9 +102,13 @@ __all__ = [
     "StoreKeyError",
     "StorePragmaError",
     "UnknownRunnerError",
+    "Verifier",
     "VerifyReport",
     "WriteTransaction",
     "assert_lease_authority",
     "audit",
+    "generate_key",
     "lifecycle_profile_from_lease",
+    "load_signer",
+    "load_verifier",
 ]

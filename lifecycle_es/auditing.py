@@ -15,7 +15,9 @@ What it proves, in one read transaction (one consistent view of the log), each r
   stream's first event naming its own runner, no stream left with a park pending;
 - ``snapshots`` and ``read_models``: each snapshot's tag verifies and its state equals the replay at
   its seq; every read-model row equals the replay (``lifecycle_es.caches``);
-- ``seal``: the log still holds the sealed hash at the sealed seq.
+- ``seal``: the log still holds the sealed hash at the sealed seq;
+- ``checkpoints`` (given ``trust``): every signed checkpoint verifies with a trusted public key, and
+  the log holds each signed head at its seq (``lifecycle_es.checkpoint_audit``): with no secret.
 
 The pass runs in this process (``jobs=1``) or in worker processes (``lifecycle_es.workers``: fresh
 interpreters, so it needs no ``__main__`` guard and works from a thread) that each check a seq range of
@@ -27,11 +29,13 @@ without its key, a file that is not a store); everything found wrong in a log is
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from .caches import SnapshotCheck, check_read_models
+from .checkpoint_audit import check_checkpoints
+from .checkpoints import default_path
 from .errors import InvalidInputError, LifecycleError, StoreBehindSealError, StoreKeyError
 from .files import text_path
 from .log import RecordedEvent
@@ -40,10 +44,20 @@ from .store import EventStore
 from .walk import Streams, Walked, open_for_audit, split, walk
 from .workers import Workers
 
+if TYPE_CHECKING:
+    from .signing import Verifier
+
+# What `audit`'s trust= takes: a public key file, a Verifier, or a list of them.
+Trust: TypeAlias = "str | os.PathLike[str] | Verifier | Sequence[str | os.PathLike[str] | Verifier]"
+
 MAX_PROBLEMS = 100
 MAX_SCHEMA_PROBLEMS = 10
 MAX_REASON_CHARS = 1000
 CHECKS = ("schema", "chain", "rules", "snapshots", "read_models", "seal")
+# The check each kind of problem fails, where the kind is not the check's own name.
+_CHECK_OF = {"snapshot": "snapshots", "read-model": "read_models", "key": "chain", "read": "chain",
+             "checkpoint": "checkpoints", "fork": "checkpoints", "signature": "checkpoints",
+             "checkpoint-file": "checkpoints"}
 DOWNGRADE = ("a key was given but the store claims to be unkeyed: a keyed store whose key id was removed and "
              "whose chain and seal were re-made without the key (a downgrade) looks just like this; audit it "
              "without the key only if it was never keyed")
@@ -52,7 +66,9 @@ DOWNGRADE = ("a key was given but the store claims to be unkeyed: a keyed store 
 class Problem(NamedTuple):
     """One thing found wrong: the seq it is tied to (None when none is), the stream, its kind, and why.
 
-    `kind` is one of ``schema``, ``chain``, ``rules``, ``snapshot``, ``read-model``, ``seal``, ``key``, ``read``.
+    `kind` is one of ``schema``, ``chain``, ``rules``, ``snapshot``, ``read-model``, ``seal``, ``key``, ``read``,
+    and, for signed checkpoints, ``checkpoint``, ``fork``, ``signature``, ``checkpoint-file`` (see
+    `lifecycle_es.checkpoint_audit`).
     """
 
     seq: int | None
@@ -70,7 +86,8 @@ def _one_line(text: str) -> str:
 class AuditReport:
     """What the audit found: the log's shape, what was proved (`checks`), and every problem, first bad first.
 
-    `checks` maps each of ``schema``, ``chain``, ``rules``, ``snapshots``, ``read_models`` and ``seal`` to
+    `checks` maps each of ``schema``, ``chain``, ``rules``, ``snapshots``, ``read_models`` and ``seal`` (and
+    ``checkpoints`` when the audit was given keys to trust) to
     True (proved), False (a problem found there) or None (not checked: nothing to check, or an earlier
     problem stopped the pass before it).
     """
@@ -88,6 +105,7 @@ class AuditReport:
     read_models_checked: int | None = None
     caches_checked: bool = False  # False when a problem stopped the replay before the caches were compared
     seal: dict[str, Any] | None = None
+    checkpoints: dict[str, Any] | None = None
     checks: dict[str, bool | None] = field(default_factory=lambda: dict.fromkeys(CHECKS))
     warnings: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
@@ -116,8 +134,7 @@ class AuditReport:
 
     def add(self, seq: int | None, stream: str | None, kind: str, reason: str) -> None:
         """Record a problem (the first MAX_PROBLEMS of them; a reason quoting a huge value is cut short)."""
-        check = {"snapshot": "snapshots", "read-model": "read_models", "key": "chain", "read": "chain"}.get(kind, kind)
-        self.checks[check] = False
+        self.checks[_CHECK_OF.get(kind, kind)] = False
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append(Problem(seq, stream, kind, _one_line(reason)))
 
@@ -131,7 +148,8 @@ class AuditReport:
             "kind": first.kind if first else None, "reason": first.reason if first else None,
             "checks": self.checks, "snapshots_checked": self.snapshots_checked,
             "read_models_checked": self.read_models_checked, "caches_checked": self.caches_checked,
-            "seal": self.seal, "jobs": self.jobs, "keyed": self.keyed, "warnings": self.warnings,
+            "seal": self.seal, "checkpoints": self.checkpoints, "jobs": self.jobs, "keyed": self.keyed,
+            "warnings": self.warnings,
             "problems": [problem._asdict() for problem in sorted(
                 self.problems, key=lambda problem: (problem.seq is None, problem.seq or 0))],
         }
@@ -139,7 +157,8 @@ class AuditReport:
 
 def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = None,
           seal: str | os.PathLike[str] | None = None, jobs: int = 1,
-          progress: Callable[[int, int], None] | None = None) -> AuditReport:
+          progress: Callable[[int, int], None] | None = None, trust: Trust | None = None,
+          checkpoints: str | os.PathLike[str] | None = None) -> AuditReport:
     """Audit the log at `target` (a store file's path, or an open `EventStore`) and report what holds.
 
     `key`: the store's 32-byte key (a keyed store's hashes are MACs: without it StoreKeyError; given for
@@ -148,6 +167,11 @@ def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = No
     the pass (a log under 10,000 events a worker is walked in this process). `progress`: called with
     (events read, events in the log) as the pass goes; the library draws nothing. A path is opened
     read-only: nothing in the file, its -wal or its seal changes.
+
+    `trust`: the public key (a ``FILE.pub`` path or a `Verifier`), or a list of them, whose signed
+    checkpoints the log is held to: each checkpoint in `checkpoints` (default ``<path>.checkpoints``)
+    must verify with one of them, and the log must still hold the head it signed. Without `trust` a
+    checkpoint file is not read (a warning says so when one lies beside the store).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise InvalidInputError("jobs", f"jobs is invalid: {jobs!r} is not a count of worker processes (>= 1)")
@@ -156,20 +180,25 @@ def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = No
     if key is not None and (not isinstance(key, bytes | bytearray) or len(key) != 32):
         raise InvalidInputError("key", "key must be 32 bytes")
     seal_path = text_path(seal, "seal") if seal is not None else None
-    if isinstance(target, EventStore):
-        if seal_path is None and os.path.lexists(target.path + ".seal"):
-            seal_path = target.path + ".seal"
-        return _audit(target, key, seal_path, jobs, progress)
-    path = text_path(target, "target")
+    trusted = _trusted(trust)
+    if checkpoints is not None and trusted is None:
+        raise InvalidInputError("checkpoints", "checking checkpoints needs the public key they are signed with: "
+                                               "pass trust= too")
+    path = target.path if isinstance(target, EventStore) else text_path(target, "target")
     if seal_path is None and os.path.lexists(path + ".seal"):
         seal_path = path + ".seal"
+    signed = None
+    if trusted is not None:
+        signed = (text_path(checkpoints, "checkpoints") if checkpoints is not None else default_path(path), trusted)
+    if isinstance(target, EventStore):
+        return _audit(target, key, seal_path, jobs, progress, signed)
     store = open_for_audit(path, None)
     try:
         downgraded = key is not None and store.key_id is None
         if not downgraded:
             store.close()
             store = open_for_audit(path, key)
-        report = _audit(store, None if downgraded else key, seal_path, jobs, progress)
+        report = _audit(store, None if downgraded else key, seal_path, jobs, progress, signed)
         if downgraded:
             report.add(None, None, "key", DOWNGRADE)
         return report
@@ -177,47 +206,80 @@ def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = No
         store.close()
 
 
+def _trusted(trust: Trust | None) -> list[Verifier] | None:
+    """The verifiers `trust` names, each file read and checked now (InvalidInputError("trust") if not one)."""
+    if trust is None:
+        return None
+    from .signing import Verifier, load_verifier
+
+    items = [trust] if isinstance(trust, str | os.PathLike | Verifier) else trust
+    if not isinstance(items, list | tuple) or not items:
+        raise InvalidInputError("trust", "trust must be a public key file, a Verifier, or a non-empty list of them")
+    verifiers = []
+    for item in items:
+        if isinstance(item, Verifier):
+            verifiers.append(item)
+            continue
+        try:
+            verifiers.append(load_verifier(item))
+        except OSError as exc:
+            raise InvalidInputError("trust", f"trust is invalid: {exc.strerror or exc}") from None
+    return verifiers
+
+
 def _audit(store: EventStore, key: bytes | None, seal_path: str | None, jobs: int,
-           progress: Callable[[int, int], None] | None) -> AuditReport:
+           progress: Callable[[int, int], None] | None,
+           signed: tuple[str, list[Verifier]] | None = None) -> AuditReport:
     key = key if key is not None else store._key
     if store.key_id is not None and key is None:
         raise StoreKeyError("the store is keyed: its hashes are MACs, so auditing it needs its key")
     report = AuditReport(path=store.path, keyed=store.keyed)
     with store.backend.read_tx("audit"):
-        schema = store.schema_problems()
-        # A few name it; the rest are counted, so that a file with thousands leaves room for the log's own.
-        for problem in schema[:MAX_SCHEMA_PROBLEMS]:
-            report.add(None, None, "schema", f"the store's schema was altered outside lifecycle-es: {problem}")
-        if len(schema) > MAX_SCHEMA_PROBLEMS:
-            report.add(None, None, "schema", f"the store's schema was altered outside lifecycle-es in "
-                                             f"{len(schema) - MAX_SCHEMA_PROBLEMS} more ways")
-        if not schema:
-            report.checks["schema"] = True
-        head = store.head()
-        report.head_seq = head.seq
-        report.head_hash = head.hash.hex() if head.seq else None
-        _, lowest = store.backend.seq_bounds()
-        if lowest is not None and lowest < 1:
-            # A walk reads seq 1, 2, ...: a row at seq <= 0 lies outside every walk and every hash.
-            report.add(lowest, None, "chain", f"an event lies outside the chain, at seq {lowest}")
-            return report
-        snapshots = SnapshotCheck(store)
-        position = store.backend.read_model_position()
-        # Only the events a snapshot was taken at need their state handed back for the snapshot check.
-        snapshot_seqs = frozenset(seq for _, seq in store.backend.snapshot_positions())
-        walks = _walks(store, key, head.seq, jobs, position, snapshot_seqs, report, progress)
-        streams, captured = _merge(report, walks, snapshots)
-        if any(walked.problem is not None for walked in walks):
-            return report  # what follows compares against a replay that did not finish
-        report.checks["chain"] = report.checks["rules"] = True
-        for stream, (state, _, seq) in streams.items():
-            if state.pending_park is not None:
-                report.add(seq, stream, "rules", f"the stream ends with a park pending ({state.pending_park}): the "
-                                                 "RunnerParked the rules require in the same transaction is missing")
-        _check_caches(store, report, snapshots, position, captured, streams)
-        if seal_path is not None:
-            _check_seal(store, report, seal_path, key)
+        _prove(store, report, key, seal_path, jobs, progress)
+        if signed is not None:
+            check_checkpoints(store, report, *signed)
+        elif os.path.lexists(store.path + ".checkpoints"):
+            report.warnings.append(f"{store.path}.checkpoints was not checked: pass the signer's public key "
+                                   "(trust=, --trust) to hold the log to its signed checkpoints")
     return report
+
+
+def _prove(store: EventStore, report: AuditReport, key: bytes | None, seal_path: str | None, jobs: int,
+           progress: Callable[[int, int], None] | None) -> None:
+    """The pass over the log: schema, chain, rules, caches and seal, each found problem into `report`."""
+    schema = store.schema_problems()
+    # A few name it; the rest are counted, so that a file with thousands leaves room for the log's own.
+    for problem in schema[:MAX_SCHEMA_PROBLEMS]:
+        report.add(None, None, "schema", f"the store's schema was altered outside lifecycle-es: {problem}")
+    if len(schema) > MAX_SCHEMA_PROBLEMS:
+        report.add(None, None, "schema", f"the store's schema was altered outside lifecycle-es in "
+                                         f"{len(schema) - MAX_SCHEMA_PROBLEMS} more ways")
+    if not schema:
+        report.checks["schema"] = True
+    head = store.head()
+    report.head_seq = head.seq
+    report.head_hash = head.hash.hex() if head.seq else None
+    _, lowest = store.backend.seq_bounds()
+    if lowest is not None and lowest < 1:
+        # A walk reads seq 1, 2, ...: a row at seq <= 0 lies outside every walk and every hash.
+        report.add(lowest, None, "chain", f"an event lies outside the chain, at seq {lowest}")
+        return
+    snapshots = SnapshotCheck(store)
+    position = store.backend.read_model_position()
+    # Only the events a snapshot was taken at need their state handed back for the snapshot check.
+    snapshot_seqs = frozenset(seq for _, seq in store.backend.snapshot_positions())
+    walks = _walks(store, key, head.seq, jobs, position, snapshot_seqs, report, progress)
+    streams, captured = _merge(report, walks, snapshots)
+    if any(walked.problem is not None for walked in walks):
+        return  # what follows compares against a replay that did not finish
+    report.checks["chain"] = report.checks["rules"] = True
+    for stream, (state, _, seq) in streams.items():
+        if state.pending_park is not None:
+            report.add(seq, stream, "rules", f"the stream ends with a park pending ({state.pending_park}): the "
+                                             "RunnerParked the rules require in the same transaction is missing")
+    _check_caches(store, report, snapshots, position, captured, streams)
+    if seal_path is not None:
+        _check_seal(store, report, seal_path, key)
 
 
 def _walks(store: EventStore, key: bytes | None, head: int, jobs: int, position: int | None,

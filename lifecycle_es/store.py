@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import chain
 from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, Row
@@ -48,6 +48,10 @@ from .log import Head, RecordedEvent, VerifyReport
 from .seal import Seal, check_seal, read_seal, write_seal
 from .values import safe_id, safe_int, shown
 from .verify import ChainCheck, well_formed_at
+
+if TYPE_CHECKING:
+    from .checkpoints import Checkpoint
+    from .signing import Signer
 
 PAGE = PAGE_ROWS
 
@@ -439,6 +443,16 @@ class EventStore:
                       at=head.at or iso_ms(self._now()), key_id=self.key_id)
         write_seal(target, sealed, self._key)
         return sealed
+
+    def checkpoint(self, signer: Signer, path: str | os.PathLike[str] | None = None) -> Checkpoint:
+        """Sign the head with `signer` and append it to a checkpoint file (default ``<db>.checkpoints``).
+
+        Anyone with the signer's public key can later prove the log still holds that head
+        (``lifecycle_es.audit(..., trust=...)``); see `lifecycle_es.checkpoints`. Needs ``cryptography``.
+        """
+        from .checkpoints import append_checkpoint, default_path
+
+        return append_checkpoint(self, signer, text_path(path, "path") if path is not None else default_path(self.path))
 
     def check_seal(self, path: str | os.PathLike[str], *, key: bytes | None = None) -> Seal:
         """Check that the log has not fallen behind the seal at `path`; return the seal."""

@@ -1,14 +1,16 @@
 """The ``lifecycle-es`` command: audit, show, follow, draw, rebuild, seal, export and import a log file.
 
-    lifecycle-es audit FILE [--seal SEAL] [-k KEY_FILE] [--json] [--jobs N] [--html OUT.html]
+    lifecycle-es audit FILE [--seal SEAL] [-k KEY_FILE] [--trust PUB [--checkpoints CP]] [--json] [--jobs N]
+                      [--html OUT.html]
     lifecycle-es show FILE [RUNNER] [--at SEQ] [-j]
     lifecycle-es events FILE [-r R] [--after SEQ] [--since T] [--until T] [-n N|all] [-f] [-j]
     lifecycle-es timeline FILE [-r R ...] [--since T] [--until T] [-n N] -o OUT.svg
     lifecycle-es rebuild FILE [-k KEY_FILE]
-    lifecycle-es seal FILE [-k KEY_FILE] [--no-verify]
-    lifecycle-es export FILE OUT.jsonl
+    lifecycle-es seal FILE [-k KEY_FILE] [--no-verify] [--sign KEY [--checkpoints CP]]
+    lifecycle-es keygen FILE [--name NAME]
+    lifecycle-es export FILE OUT.jsonl [--checkpoints CP]
     lifecycle-es import IN.jsonl FILE [-k KEY_FILE]
-    lifecycle-es host FILE -r R [--mode child|systemd]
+    lifecycle-es host FILE -r R [--mode child|systemd] [--sign KEY [--checkpoint-every N] [--checkpoint-seconds T]]
     lifecycle-es demo [--dir DIR]
 
 The short options mean the same wherever they appear: ``-r`` a runner, ``-k`` a key file, ``-j`` JSON
@@ -44,7 +46,7 @@ __all__ = ["COMMAND_MODULES", "ArgumentParser", "build_parser", "main"]
 PROG = "lifecycle-es"
 
 # The registry: modules of this package that add subcommands, in the order --help lists them.
-COMMAND_MODULES: list[str] = ["audit", "show", "events", "timeline", "maintenance", "transfer", "host"]
+COMMAND_MODULES: list[str] = ["audit", "show", "events", "timeline", "maintenance", "keys", "transfer", "host"]
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -15,7 +15,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from lifecycle_es import chain
 from lifecycle_es.backends import has_password, is_url, mask_password, open_backend
@@ -33,6 +33,9 @@ from lifecycle_es.seal import MAX_SEAL_BYTES
 from lifecycle_es.store import EventStore
 
 from .exits import EXIT_DATAERR, EXIT_IOERR, EXIT_NOINPUT, EXIT_USAGE, CommandError
+
+if TYPE_CHECKING:
+    from lifecycle_es.signing import Signer, Verifier
 
 MAX_KEY_FILE_BYTES = 256
 BUSY_TIMEOUT_MS = 5000
@@ -103,6 +106,38 @@ def read_key_file(path: str) -> bytes:
         except (UnicodeDecodeError, ValueError):
             pass
     raise malformed(len(data))
+
+
+def read_signer(path: str, arg: str = "--sign") -> Signer:
+    """The checkpoint signer in the private key file `path` (named as `arg`), or CommandError.
+
+    As `read_key_file`: a regular file only its owner may use (64 otherwise), never echoed (a malformed
+    one is named by its size only, 64).
+    """
+    from lifecycle_es.signing import load_signer
+
+    path = text_path(path, arg)
+    try:
+        return load_signer(path)
+    except OSError as exc:
+        raise file_error(exc, path, "signing key") from None
+    except StoreKeyError as exc:
+        raise CommandError(EXIT_USAGE, str(exc)) from None
+
+
+def read_trust(paths: list[str]) -> list[Verifier]:
+    """The public keys named by ``--trust``: each a regular file holding one key (66 when missing, 65 when
+    a link, a FIFO or too large, 64 when it is not a public key of ``lifecycle-es keygen``)."""
+    from lifecycle_es.signing import load_verifier
+
+    verifiers = []
+    for path in paths:
+        path = text_path(path, "--trust")
+        try:
+            verifiers.append(load_verifier(path))
+        except OSError as exc:
+            raise file_error(exc, path, "public key") from None
+    return verifiers
 
 
 def require_file(path: str, what: str = "store", arg: str = "FILE") -> str:

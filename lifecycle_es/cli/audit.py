@@ -4,6 +4,7 @@
     lifecycle-es audit runners.db --key-file store.key  a keyed store: MACs need the key
     lifecycle-es audit runners.db --json --jobs 4       one JSON object; 4 processes share the work
     lifecycle-es audit runners.db --html report.html    also a page: findings, and the timeline at the first problem
+    lifecycle-es audit runners.db --trust ops.key.pub   also every checkpoint in runners.db.checkpoints: no secret
 
 Exit 0 when the log is whole, 65 when it is not (and for a file that is not a lifecycle-es store),
 66 for a missing file, 77 for a keyed store without its key; see ``exits.py``.
@@ -18,8 +19,8 @@ from typing import Any
 
 from lifecycle_es.auditing import audit
 
-from .access import default_seal, int_at_least, open_store, read_key_file
-from .exits import EXIT_DATAERR, EXIT_OK, classify, one_line, printable
+from .access import default_seal, input_file, int_at_least, open_store, read_key_file, read_trust, require_file
+from .exits import EXIT_DATAERR, EXIT_OK, EXIT_USAGE, CommandError, classify, one_line, printable
 from .render import Progress, pairs
 
 
@@ -33,6 +34,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("file", metavar="FILE", help="the store file")
     parser.add_argument("--seal", metavar="SEAL", help="the seal file to check (default: FILE.seal when present)")
     parser.add_argument("-k", "--key-file", metavar="K", help="the store key: 32 raw bytes or 64 hex characters")
+    parser.add_argument("--trust", action="append", metavar="PUB",
+                        help="a public key (FILE.pub of lifecycle-es keygen) whose signed checkpoints the log is held "
+                             "to; repeat for several signers")
+    parser.add_argument("--checkpoints", metavar="CP",
+                        help="the checkpoint file to check with --trust (default: FILE.checkpoints)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--html", metavar="OUT.html", help="also write the findings as one self-contained HTML page, "
                                                            "with the timeline drawn and the first problem marked on it")
@@ -64,10 +70,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         key = read_key_file(args.key_file) if args.key_file else None
         seal_path = default_seal(args.file, args.seal)
+        trust = read_trust(args.trust) if args.trust else None
+        checkpoints = _checkpoints(args.checkpoints, trust is not None)
         with open_store(args.file, key=key, seal=False, need_key=True) as store:
             bar = _Bar()
             try:
-                report = audit(store, key=key, seal=seal_path, jobs=args.jobs, progress=bar)
+                report = audit(store, key=key, seal=seal_path, jobs=args.jobs, progress=bar, trust=trust,
+                               checkpoints=checkpoints)
             finally:
                 bar.close()
             if args.html:
@@ -81,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                               "states": None, "leases": None, "head_seq": None, "head_hash": None,
                               "first_bad_seq": getattr(exc, "seq", None), "stream": getattr(exc, "stream", None),
                               "reason": message, "snapshots_checked": None, "read_models_checked": None,
-                              "seal": None}))
+                              "seal": None, "checkpoints": None}))
         raise
     code = EXIT_OK if report.ok else EXIT_DATAERR
     if args.json:
@@ -90,6 +99,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary(report))
     return code
+
+
+def _checkpoints(path: str | None, trusted: bool) -> str | None:
+    """The checkpoint file named with --checkpoints, after checking it is a regular file (65 if not, 66 when
+    missing); a missing default FILE.checkpoints is the audit's to report."""
+    if path is None:
+        return None
+    if not trusted:
+        raise CommandError(EXIT_USAGE, "--checkpoints needs --trust: a checkpoint is checked with its signer's "
+                                       "public key")
+    path = require_file(path, "checkpoint file", "--checkpoints")
+    with input_file(path, what="checkpoint file", arg="--checkpoints"):
+        pass  # what the file is, checked here; what it holds, by the audit
+    return path
 
 
 def summary(report: Any) -> str:
@@ -112,6 +135,11 @@ def summary(report: Any) -> str:
          if report.read_models_checked is None else f"{report.read_models_checked:,} runners checked"),
         ("seal", seal if report.caches_checked or report.seal is not None else "not checked"),
     ]
+    if report.checkpoints is not None:
+        signed = report.checkpoints
+        items.append(("checkpoints", f"{signed['checked']:,} signed by a trusted key, the last at seq "
+                                     f"{signed['seq']:,}: " + ("ok" if signed["ok"] else "FAILED")
+                      if signed["checked"] else f"{signed['path']}: FAILED"))
     first = report.first_problem
     if first is None:
         items.append(("result", "OK: the log is whole"))

@@ -7,18 +7,22 @@
 printing each action; SIGTERM or SIGINT stops it cleanly (units keep running: a host started again
 finds them through the log). The runner must exist in the log; the host takes its identity from
 there. Both import `hosts` inside their run functions only, so the core never imports host code.
+With ``--sign KEY`` the host also signs a checkpoint of the log every ``--checkpoint-every`` events or
+``--checkpoint-seconds`` seconds (`hosts.checkpointing`), and once more when it stops.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
-from .access import require_file
-from .exits import EXIT_OK, no_runner, printable
+from .access import read_signer, require_file
+from .exits import EXIT_OK, EXIT_USAGE, CommandError, no_runner, printable
 from .options import runner_id
 
 
@@ -40,6 +44,7 @@ def register(subparsers: Any) -> None:
     host.add_argument("--park-threshold-ms", type=int, default=60_000, metavar="MS",
                       help="a unit whose work only waits longer than this is parked (0: never)")
     host.add_argument("--tick", type=float, default=1.0, metavar="S", help="reconcile at least this often")
+    _add_checkpoint_options(host)
     host.set_defaults(run=run_host)
 
     demo = subparsers.add_parser(
@@ -61,7 +66,7 @@ def run_host(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    with EventStore.open(args.file) as store:
+    with EventStore.open(args.file) as store, _signing(args):
         state = load(store, args.runner).state
         if state is None:
             raise no_runner(args.runner, args.file)
@@ -83,6 +88,49 @@ def run_host(args: argparse.Namespace) -> int:
             host.close()
     print("lifecycle-es host: stopped", flush=True)
     return EXIT_OK
+
+
+def _add_checkpoint_options(host: Any) -> None:
+    host.add_argument("--sign", metavar="KEY", help="sign checkpoints of the log with this private key "
+                                                    "(lifecycle-es keygen), appended to FILE.checkpoints")
+    host.add_argument("--checkpoint-every", type=int, metavar="N",
+                      help="with --sign: sign once N events were appended since the last (default 1000)")
+    host.add_argument("--checkpoint-seconds", type=float, metavar="T",
+                      help="with --sign: sign once T seconds passed since the last, if the log moved (default 60)")
+    host.add_argument("--checkpoints", metavar="CP", help="with --sign: the checkpoint file (default FILE.checkpoints)")
+
+
+@contextlib.contextmanager
+def _signing(args: argparse.Namespace) -> Iterator[None]:
+    """With --sign, a thread that signs checkpoints on its own read-only connection while the host serves,
+    and the head once more after the host stopped (so its last events are vouched for too)."""
+    options = (args.checkpoint_every, args.checkpoint_seconds, args.checkpoints)
+    if args.sign is None:
+        if any(option is not None for option in options):
+            raise CommandError(EXIT_USAGE, "--checkpoint-every, --checkpoint-seconds and --checkpoints need --sign")
+        yield
+        return
+    from hosts.checkpointing import DEFAULT_EVERY, DEFAULT_SECONDS, Checkpointer
+    from lifecycle_es.store import EventStore
+
+    signer = read_signer(args.sign)
+    every = args.checkpoint_every if args.checkpoint_every is not None else (
+        None if args.checkpoint_seconds is not None else DEFAULT_EVERY)
+    seconds = args.checkpoint_seconds if args.checkpoint_seconds is not None else (
+        None if args.checkpoint_every is not None else DEFAULT_SECONDS)
+    with EventStore.open(args.file, read_only=True) as reader:
+        checkpointer = Checkpointer(reader, signer, every=every, seconds=seconds, path=args.checkpoints)
+        done = threading.Event()
+        thread = threading.Thread(target=checkpointer.serve, args=(done,), name="checkpointer", kwargs={
+            "on_checkpoint": lambda signed: print(f"checkpoint seq {signed.seq} signed", flush=True),
+            "on_error": lambda exc: print(printable(f"lifecycle-es host: cannot sign a checkpoint: {exc}"),
+                                          file=sys.stderr, flush=True)})
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
 
 def run_demo(args: argparse.Namespace) -> int:

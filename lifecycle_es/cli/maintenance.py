@@ -3,10 +3,16 @@
     lifecycle-es rebuild runners.db          drop snapshots and read models, rebuild them by replay
     lifecycle-es rebuild runners.db --key-file store.key    the same for a keyed store (snapshots are MAC'd)
     lifecycle-es seal runners.db             verify the chain, then write the head to runners.db.seal
+<<<<<<< HEAD
     lifecycle-es seal postgresql://db/fleet -o fleet.seal    a server's store: the seal file is named
+=======
+    lifecycle-es seal runners.db --sign ops.key    also append a signed checkpoint to runners.db.checkpoints
+>>>>>>> checkpoints
 
 A seal blesses the head it records, so ``seal`` verifies the chain first (``--no-verify`` skips that,
-for a log just audited). A log already behind an earlier seal is refused, not re-sealed.
+for a log just audited). A log already behind an earlier seal is refused, not re-sealed. ``--sign``
+also signs the head with an Ed25519 key of ``lifecycle-es keygen`` (`lifecycle_es.checkpoints`):
+anyone with its public key can then hold the log to it, with no secret.
 """
 
 from __future__ import annotations
@@ -19,7 +25,11 @@ from typing import Any
 from lifecycle_es.backends import is_url
 from lifecycle_es.store import EventStore
 
+<<<<<<< HEAD
 from .access import open_store, read_key_file, require_file
+=======
+from .access import open_store, read_key_file, read_signer, require_file
+>>>>>>> checkpoints
 from .exits import EXIT_OK, EXIT_USAGE, CommandError, printable
 
 
@@ -43,6 +53,10 @@ def register(subparsers: Any) -> None:
                       help="where to write the seal (default: FILE.seal; a URL's store needs one)")
     seal.add_argument("-k", "--key-file", metavar="K", help="the store key (a keyed store's seal is a MAC)")
     seal.add_argument("--no-verify", action="store_true", help="seal without verifying the chain first")
+    seal.add_argument("--sign", metavar="KEY", help="also sign the head with this private key (lifecycle-es keygen) "
+                                                    "and append the checkpoint to FILE.checkpoints")
+    seal.add_argument("--checkpoints", metavar="CP", help="the checkpoint file --sign appends to "
+                                                          "(default: FILE.checkpoints)")
     seal.set_defaults(run=run_seal)
 
 
@@ -64,6 +78,7 @@ def run_rebuild(args: argparse.Namespace) -> int:
 def run_seal(args: argparse.Namespace) -> int:
     """Verify the chain and seal the head."""
     key = read_key_file(args.key_file) if args.key_file else None
+<<<<<<< HEAD
     require_file(args.file)
     if args.out is None and is_url(args.file):
         raise CommandError(EXIT_USAGE, "seal: a store on a server has no file to seal beside: name the seal "
@@ -81,4 +96,23 @@ def run_seal(args: argparse.Namespace) -> int:
     checked = "not verified" if verified is None else (
         f"{verified.events:,} events verified in {time.perf_counter() - started:.2f} s")
     print(printable(f"sealed {args.file} at seq {sealed.seq:,}, hash {sealed.hash} ({checked}) -> {out}"))
+=======
+    if args.checkpoints is not None and args.sign is None:
+        raise CommandError(EXIT_USAGE, "--checkpoints names where --sign appends: pass --sign KEY too")
+    signer = read_signer(args.sign) if args.sign is not None else None
+    with open_store(args.file, key=key, need_key=True) as store:
+        started = time.perf_counter()
+        verified = None if args.no_verify else store.verify(key=key)
+        sealed = store.seal()
+        signed = store.checkpoint(signer, args.checkpoints) if signer is not None else None
+        if verified is not None and max(sealed.seq, signed.seq if signed else 0) > verified.head.seq:
+            # Another process appended meanwhile: what the seal and the checkpoint bless must be verified too.
+            verified = store.verify(key=key)
+    checked = "not verified" if verified is None else (
+        f"{verified.events:,} events verified in {time.perf_counter() - started:.2f} s")
+    print(printable(f"sealed {args.file} at seq {sealed.seq:,}, hash {sealed.hash} ({checked}) -> {args.file}.seal"))
+    if signed is not None and signer is not None:
+        print(printable(f"signed checkpoint at seq {signed.seq:,} by {signer.verifier.name}+"
+                        f"{signer.verifier.hash.hex()} -> {args.checkpoints or args.file + '.checkpoints'}"))
+>>>>>>> checkpoints
     return EXIT_OK

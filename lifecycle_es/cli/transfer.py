@@ -11,14 +11,25 @@ The first line is a header: ``{"format": "lifecycle-es-export", "version": 1, "s
 "events", "head_seq", "head_hash"}``; each line after it is one row ``{"seq", "stream", "version",
 "type", "at", "body", "prev", "hash"}`` with ``body``, ``prev`` and ``hash`` in hex. Import keeps the
 store id (the chain's genesis derives from it) and the rows' bytes, so the new file's chain is the old
+<<<<<<< HEAD
 one, hash for hash. Neither command overwrites a file or a server's store (exit 73); an export is
 written 0600, like a store.
+=======
+one, hash for hash. Neither command overwrites a file (exit 73); an export is written 0600, like a store.
+
+Signed checkpoints travel too: the export of a store with a checkpoint file (``FILE.checkpoints``, or
+``--checkpoints CP``) says how many in its header (``"checkpoints": N``, left out when none) and
+carries each after the rows as ``{"checkpoint": "<the signed note>"}``; import writes them, byte for
+byte, to ``FILE.checkpoints`` of the new store. The store id and every hash are kept, so each still
+verifies against the imported log (``lifecycle-es audit NEW --trust KEY.pub``).
+>>>>>>> checkpoints
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 from collections.abc import Iterator
 from typing import IO, Any, BinaryIO
@@ -27,12 +38,16 @@ import msgspec
 
 from lifecycle_es import chain
 from lifecycle_es.backend import Row
+<<<<<<< HEAD
 from lifecycle_es.backends import create_store, is_url, remove_store, store_exists
+=======
+from lifecycle_es.checkpoints import Note, notes, read_notes
+>>>>>>> checkpoints
 from lifecycle_es.errors import StoreKeyError
 from lifecycle_es.files import text_path
 from lifecycle_es.store import EventStore
 
-from .access import DOWNGRADED, input_file, open_store, read_key_file, require_file
+from .access import DOWNGRADED, file_error, input_file, open_store, read_key_file, require_file
 from .exits import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_OK, CommandError
 from .render import Progress
 
@@ -45,7 +60,7 @@ MAX_EVENT_BODY_BYTES = 512 << 10
 MAX_LINE_BYTES = 2 * MAX_EVENT_BODY_BYTES + (64 << 10)
 
 
-class ExportHeader(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ExportHeader(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
     """The first line of an export: what store the rows belong to and where its chain ends."""
 
     format: str
@@ -55,6 +70,13 @@ class ExportHeader(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     events: int
     head_seq: int
     head_hash: str | None
+    checkpoints: int = 0
+
+
+class ExportCheckpoint(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One signed checkpoint, after the rows: the note as its checkpoint file holds it."""
+
+    checkpoint: str
 
 
 class ExportRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -78,6 +100,8 @@ def register(subparsers: Any) -> None:
                     "with every column. OUT must not exist; it is created 0600.")
     export.add_argument("file", metavar="FILE", help="the store file, or a postgresql:// URL")
     export.add_argument("out", metavar="OUT.jsonl", help="the export to write")
+    export.add_argument("--checkpoints", metavar="CP",
+                        help="the signed checkpoints to carry (default: FILE.checkpoints when present)")
     export.set_defaults(run=run_export)
 
     restore = subparsers.add_parser(
@@ -99,11 +123,13 @@ def run_export(args: argparse.Namespace) -> int:
     require_file(args.file)
     _refuse_existing(args.out, "OUT.jsonl")
     encoder = msgspec.json.Encoder()
+    signed = _signed(args.checkpoints, args.file)
     with open_store(args.file) as store, store.backend.read_tx("export"), _new_file(args.out) as out:
         head = store.head()
         out.write(encoder.encode(ExportHeader(
             format=FORMAT, version=FORMAT_VERSION, store_id=store.store_id.hex(), key_id=store.key_id,
-            events=head.seq, head_seq=head.seq, head_hash=head.hash.hex() if head.seq else None)) + b"\n")
+            events=head.seq, head_seq=head.seq, head_hash=head.hash.hex() if head.seq else None,
+            checkpoints=len(signed))) + b"\n")
         bar = Progress("export", head.seq)
         for recorded in store.read():
             out.write(encoder.encode(ExportRow(
@@ -113,9 +139,29 @@ def run_export(args: argparse.Namespace) -> int:
             if recorded.seq % 10_000 == 0:
                 bar.update(recorded.seq)
         bar.close()
+        for note in signed:
+            out.write(encoder.encode(ExportCheckpoint(checkpoint=note.whole())) + b"\n")
     print(f"exported {head.seq:,} events of {args.file} to {args.out}"
-          + (f" (head seq {head.seq:,}, hash {head.hash.hex()})" if head.seq else ""))
+          + (f" (head seq {head.seq:,}, hash {head.hash.hex()})" if head.seq else "")
+          + (f" and {len(signed):,} signed checkpoint(s)" if signed else ""))
     return EXIT_OK
+
+
+def _signed(named: str | None, store: str) -> list[Note]:
+    """The notes of the checkpoint file to carry: `named` (it must exist), else ``<store>.checkpoints`` when
+    there. A malformed note is refused (65): an export carries checkpoints exactly or not at all."""
+    path = require_file(named, "checkpoint file", "--checkpoints") if named is not None else store + ".checkpoints"
+    if named is None and not os.path.lexists(path):
+        return []
+    try:
+        found = list(read_notes(path))
+    except OSError as exc:
+        raise file_error(exc, path, "checkpoint file") from None
+    for note in found:
+        if note.malformed is not None:
+            raise CommandError(EXIT_DATAERR, f"checkpoint file {path}: {note.malformed}: audit it before it is "
+                                             "exported")
+    return found
 
 
 def _refuse_existing(path: str, arg: str) -> None:
@@ -152,20 +198,29 @@ def _new_file(path: str) -> Iterator[IO[bytes]]:
 
 def run_import(args: argparse.Namespace) -> int:
     """Verify the export, write the new store, verify it."""
+<<<<<<< HEAD
     if is_url(args.file):
         require_file(args.file)  # never a password on the command line
         if store_exists(args.file):
             raise CommandError(EXIT_CANTCREAT, f"{args.file} already holds a store; it is not overwritten")
     else:
         _refuse_existing(args.file, "FILE")
+=======
+    _refuse_existing(args.file, "FILE")
+    _refuse_existing(args.file + ".checkpoints", "FILE")
+>>>>>>> checkpoints
     key = read_key_file(args.key_file) if args.key_file else None
-    # One open for both passes: the rows written are read from the file whose chain was verified.
+    # One open for every pass: the rows written are read from the file whose chain was verified.
     with input_file(args.source, what="export", arg="IN.jsonl") as source:
         header = verify_export(source, args.source, key)
+        signed = _carried(source, args.source)
         source.seek(0)
         create_store(args.file, store_id=bytes.fromhex(header.store_id), key_id=header.key_id,
                      rows=_rows(source, args.source))
     try:
+        if signed:
+            with _new_file(args.file + ".checkpoints") as out:
+                out.write("".join(note.whole() + "\n" for note in signed).encode())
         # A read-write open turns on WAL and the profile; verify() then proves the new file's chain.
         with EventStore.open(args.file, key=key) as store:
             report = store.verify(key=key)
@@ -174,11 +229,18 @@ def run_import(args: argparse.Namespace) -> int:
             raise CommandError(EXIT_DATAERR, f"{args.file!r} does not hold the export's chain (the export changed "
                                              "while it was imported?)")
     except BaseException:
+<<<<<<< HEAD
         with contextlib.suppress(Exception):
             remove_store(args.file)
+=======
+        for suffix in ("", "-wal", "-shm") + ((".checkpoints",) if signed else ()):
+            with contextlib.suppress(OSError):
+                os.unlink(args.file + suffix)
+>>>>>>> checkpoints
         raise
     print(f"imported {report.events:,} events into {args.file}, chain verified"
-          + (f" (head seq {report.head.seq:,}, hash {report.head.hash.hex()})" if report.events else ""))
+          + (f" (head seq {report.head.seq:,}, hash {report.head.hash.hex()})" if report.events else "")
+          + (f"; {len(signed):,} signed checkpoint(s) to {args.file}.checkpoints" if signed else ""))
     return EXIT_OK
 
 
@@ -213,7 +275,7 @@ def _header(path: str, lines: Iterator[tuple[int, bytes]]) -> ExportHeader:
     if header.format != FORMAT or header.version != FORMAT_VERSION:
         raise _bad(path, 1, f"format {header.format!r} version {header.version} is not {FORMAT!r} "
                             f"version {FORMAT_VERSION}")
-    if not header.store_id or header.events < 0 or header.head_seq != header.events:
+    if not header.store_id or header.events < 0 or header.head_seq != header.events or header.checkpoints < 0:
         raise _bad(path, 1, "the header's store id, event count or head is malformed")
     return header
 
@@ -222,14 +284,44 @@ def _decoded_rows(source: BinaryIO, path: str) -> Iterator[tuple[int, Row]]:
     """(line number, row) for every row line, each decoded and its hex turned to bytes."""
     decoder = msgspec.json.Decoder(ExportRow)
     lines = _lines(source, path)
-    _header(path, lines)
-    for number, line in lines:
+    header = _header(path, lines)
+    for number, line in itertools.islice(lines, header.events):
         try:
             row = decoder.decode(line)
             yield number, (row.seq, row.stream, row.version, row.type, row.at, bytes.fromhex(row.body),
                            bytes.fromhex(row.prev), bytes.fromhex(row.hash))
         except (msgspec.MsgspecError, ValueError) as exc:
             raise _bad(path, number, f"not an export row ({exc})") from None
+
+
+def _carried(source: BinaryIO, path: str) -> list[Note]:
+    """The signed checkpoints after the rows of the export open as `source`: as many as its header says,
+    each a well-formed note of this store, and nothing after them (65 otherwise)."""
+    source.seek(0)
+    lines = _lines(source, path)
+    header = _header(path, lines)
+    for _ in itertools.islice(lines, header.events):
+        pass
+    decoder = msgspec.json.Decoder(ExportCheckpoint)
+    carried: list[Note] = []
+    for number, line in lines:
+        if len(carried) == header.checkpoints:
+            raise _bad(path, number, "a line after the last checkpoint the header announces")
+        try:
+            text = decoder.decode(line).checkpoint
+        except msgspec.MsgspecError as exc:
+            raise _bad(path, number, f"not an export's checkpoint line ({exc})") from None
+        found = list(notes(enumerate(text.splitlines(keepends=True), 1)))
+        if len(found) != 1 or found[0].malformed is not None or found[0].checkpoint is None or found[0].whole() != text:
+            reason = found[0].malformed if len(found) == 1 and found[0].malformed else "not one signed checkpoint"
+            raise _bad(path, number, f"checkpoint: {reason}")
+        if found[0].checkpoint.store_id != header.store_id:
+            raise _bad(path, number, "a checkpoint of another store")
+        carried.append(found[0])
+    if len(carried) != header.checkpoints:
+        raise CommandError(EXIT_DATAERR, f"{path}: {len(carried):,} checkpoint line(s), the header says "
+                                         f"{header.checkpoints:,} (a truncated export)")
+    return carried
 
 
 def _rows(source: BinaryIO, path: str) -> Iterator[Row]:

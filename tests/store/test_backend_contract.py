@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -21,11 +22,14 @@ from backend_contract import KEY_ID, LogRows, commit, flat, lease_row, runner_ro
 from faultvfs import FaultVFS
 from pg import Server
 
+from lifecycle_es import audit
 from lifecycle_es.backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Backend
 from lifecycle_es.backends import open_backend, server_target
+from lifecycle_es.checkpoints import Checkpoint, sign_checkpoint
 from lifecycle_es.errors import IntegrityError, StoreBusyError, StoreFencedError, StoreFormatError, StoreIOError
 from lifecycle_es.events import ReclaimCompleted
 from lifecycle_es.postgres import PostgresBackend, _ServerTransaction
+from lifecycle_es.signing import generate_key, load_signer
 from lifecycle_es.sqlite import SqliteBackend
 
 READ_MODEL_TABLES = {"runners", "leases", "read_model_position"}
@@ -372,6 +376,30 @@ class BackendContract:
         with pytest.raises(StoreFormatError):
             store.append_unchecked("a", [ReclaimCompleted(generation=1)])
         assert store.head().seq == 1 and [e.seq for e in store.read()] == [1]
+
+    # --- signed checkpoints ----------------------------------------------------------------------------
+
+    def test_a_signed_checkpoint_names_the_head_and_is_held_to_it(self) -> None:
+        # A checkpoint is (store id, seq, head hash, at, key id): nothing of the database's, so a store over
+        # any backend signs, and is audited against its checkpoints, the same way.
+        store = store_over(self.connect())
+        store.append_unchecked("a", [ReclaimCompleted(generation=1), ReclaimCompleted(generation=2)])
+        with tempfile.TemporaryDirectory() as directory:
+            key, checkpoints = os.path.join(directory, "ops.key"), os.path.join(directory, "cp")
+            generate_key(key)
+            signed = store.checkpoint(load_signer(key), checkpoints)
+            head = store.head()
+            assert (signed.store_id, signed.seq, signed.hash, signed.key_id) == (
+                store.store_id.hex(), 2, head.hash.hex(), None)
+            store.append_unchecked("a", [ReclaimCompleted(generation=3)])
+            report = audit(store, trust=key + ".pub", checkpoints=checkpoints)
+            assert report.checks["checkpoints"] is True and report.checkpoints == {
+                "path": checkpoints, "ok": True, "checked": 1, "seq": 2}
+            forged = Checkpoint(signed.store_id, 3, signed.hash, signed.at, None)
+            with open(checkpoints, "a", encoding="utf-8") as out:
+                out.write(sign_checkpoint(forged, load_signer(key)) + "\n")
+            report = audit(store, trust=key + ".pub", checkpoints=checkpoints)
+            assert [problem.seq for problem in report.problems if problem.kind == "checkpoint"] == [3]
 
 
 class TestSqliteBackend(BackendContract):
