@@ -14,7 +14,7 @@ at that event's seq.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import msgspec
@@ -132,12 +132,6 @@ def _stream_rows(store: EventStore, stream: str, after_version: int) -> Iterator
         yield from rows
 
 
-def _log_rows(store: EventStore) -> Iterator[Row]:
-    """`store.read()` as backend rows (see `_stream_rows`)."""
-    for rows in store.backend.pages(after=0, stream=None):
-        yield from rows
-
-
 class Fold:
     """One stream's events folded through the rules into a draft, frozen when the result is asked for.
 
@@ -205,20 +199,26 @@ class Fold:
         return Folded(self.state(), self.version, self.seq)
 
 
-def fold_log(store: EventStore, *, until_seq: int | None = None) -> dict[str, Fold]:
+def fold_log(store: EventStore, *, until_seq: int | None = None,
+             progress: Callable[[int], None] | None = None) -> dict[str, Fold]:
     """Every stream of the log folded in seq order (up to `until_seq`), one `Fold` per stream.
 
     What a whole-log replay that only wants the end states (rebuild, the fleet view) runs: each runner's
-    draft is frozen once, when its `Fold` is asked for the state, not after every event.
+    draft is frozen once, when its `Fold` is asked for the state, not after every event. `progress`:
+    called with the last seq folded after each page of rows.
     """
     folds: dict[str, Fold] = {}
-    for row in _log_rows(store):
-        if until_seq is not None and row[0] > until_seq:
-            break
-        folding = folds.get(row[1])
-        if folding is None:
-            folding = folds[row[1]] = Fold()
-        folding.add_row(row)
+    get = folds.get
+    for rows in store.backend.pages(after=0, stream=None):
+        for row in rows:
+            if until_seq is not None and row[0] > until_seq:
+                return folds
+            folding = get(row[1])
+            if folding is None:
+                folding = folds[row[1]] = Fold()
+            folding.add_row(row)
+        if progress is not None:
+            progress(rows[-1][0])
     return folds
 
 
