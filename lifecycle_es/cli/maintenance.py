@@ -18,6 +18,7 @@ from lifecycle_es.store import EventStore
 
 from .access import open_store, read_key_file, require_file
 from .exits import EXIT_OK, printable
+from .render import Bar
 
 
 def register(subparsers: Any) -> None:
@@ -49,8 +50,12 @@ def run_rebuild(args: argparse.Namespace) -> int:
     key = read_key_file(args.key_file) if args.key_file else None
     with open_store(args.file, key=key, need_key=True):
         pass  # the format, tables, key and seal are checked read-only before anything is written
+    bar = Bar("rebuild")
     with EventStore.open(args.file, key=key) as store:  # a writer's open refuses a file whose schema was altered
-        report = rebuild(store)
+        try:
+            report = rebuild(store, progress=bar)
+        finally:
+            bar.close()
     print(printable(f"rebuilt {args.file} from {report.events:,} events: {report.runners:,} runners in the read "
                     f"models, {report.snapshots:,} snapshots, in {report.seconds:.2f} s"))
     return EXIT_OK

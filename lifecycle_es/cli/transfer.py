@@ -104,8 +104,9 @@ def run_export(args: argparse.Namespace) -> int:
                 seq=recorded.seq, stream=recorded.stream, version=recorded.version, type=recorded.type,
                 at=recorded.at, body=recorded.body.hex(), prev=recorded.prev.hex(), hash=recorded.hash.hex(),
             )) + b"\n")
-            if recorded.seq % 10_000 == 0:
+            if recorded.seq % 1000 == 0:
                 bar.update(recorded.seq)
+        bar.update(head.seq)  # the last rows too: a bar never stops short of its end
         bar.close()
     print(f"exported {head.seq:,} events of {args.file} to {args.out}"
           + (f" (head seq {head.seq:,}, hash {head.hash.hex()})" if head.seq else ""))
