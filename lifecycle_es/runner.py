@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from .canonical import MAX_EPOCH_MS, iso_ms, parse_iso_ms, receipt_digest, timestamp
+from .canonical import canonical_ms, parse_iso_ms, receipt_digest, timestamp
 from .draft import RunnerDraft, new_draft, thaw
 from .errors import AuthorityError, InvalidInputError, LifecycleError, StaleFenceError
 from .events import (
@@ -138,7 +138,7 @@ def _check_at(last_at: str | None, at_ms: int, at: str) -> None:
 
     Canonical timestamps of one shape sort as the times they name, so the order is a string comparison.
     """
-    if not 0 <= at_ms <= MAX_EPOCH_MS or iso_ms(at_ms) != at:
+    if canonical_ms(at) != at_ms:  # not canonical, out of range, or another time than at_ms
         raise LifecycleError(f"event time {shown(at)} is not a canonical timestamp (UTC, milliseconds, Z)")
     if last_at is not None and at < last_at:
         raise LifecycleError(f"time ran backwards: stamped {at}, before the stream's previous event at {last_at}")
@@ -154,6 +154,12 @@ def step(draft: RunnerDraft, event: Event, at_ms: int, at: str) -> None:
     if at != draft.last_at:
         # Events of one command share their stamp: only a new one needs a look.
         _check_at(draft.last_at, at_ms, at)
+    step_timed(draft, event, at_ms, at)
+
+
+def step_timed(draft: RunnerDraft, event: Event, at_ms: int, at: str) -> None:
+    """`step` of an event whose time the caller has checked already: `at` canonical, `at_ms` its value, and
+    no earlier than the draft's ``last_at`` (a replay that proved its row's time as it read it)."""
     if draft.pending_park is not None and not isinstance(event, RunnerParked):
         raise LifecycleError(f"runner must park ({draft.pending_park}) before {type(event).__name__}: its "
                              "RunnerParked is due in the same transaction")
@@ -213,11 +219,11 @@ def _lease_acquired(draft: RunnerDraft, event: LeaseAcquired, at_ms: int, at: st
         safe_id(event.lease_id, "lease_id")
     if type(event.session_id) is not str or _ID_MATCH(event.session_id) is None:
         safe_id(event.session_id, "session_id")
-    _canonical(event.expires_at, "expires_at")
+    expires_ms = _canonical(event.expires_at, "expires_at")
     if event.issued_at != at:
         raise InvalidInputError("ttl_ms", f"lease ttl_ms is invalid: issued_at {named(event.issued_at)} is not the "
                                           f"time of its event, {at} (a lease's ttl runs from its grant)")
-    ttl = parse_iso_ms(event.expires_at) - at_ms
+    ttl = expires_ms - at_ms
     if not MIN_TTL_MS <= ttl <= MAX_TTL_MS:
         raise InvalidInputError("ttl_ms", f"lease ttl_ms is invalid: {ttl} is outside {MIN_TTL_MS}..{MAX_TTL_MS}")
     taken = draft.lease(event.lease_id)
@@ -256,12 +262,12 @@ def _proxy_rotated(draft: RunnerDraft, event: ProxyRotated, at_ms: int, at: str)
 def _drain_requested(draft: RunnerDraft, event: DrainRequested, at_ms: int, at: str) -> None:
     if event.signal != "SIGTERM":
         raise InvalidInputError("signal", f"runner drain requires SIGTERM, got {shown(event.signal)}")
-    _canonical(event.deadline_at, "deadline_at")
+    deadline_ms = _canonical(event.deadline_at, "deadline_at")
     if event.requested_at != at:
         raise InvalidInputError("timeout_ms", f"drain timeout_ms is invalid: requested_at {named(event.requested_at)} "
                                               f"is not the time of its event, {at} (a drain's timeout runs from its "
                                               "request)")
-    timeout = parse_iso_ms(event.deadline_at) - at_ms
+    timeout = deadline_ms - at_ms
     if not MIN_DRAIN_MS <= timeout <= MAX_DRAIN_MS:
         raise InvalidInputError("timeout_ms", f"drain timeout_ms is invalid: {timeout} is outside "
                                               f"{MIN_DRAIN_MS}..{MAX_DRAIN_MS}")
@@ -387,10 +393,14 @@ def _hook_authorized(draft: RunnerDraft, event: HookAuthorized, at_ms: int, at: 
     draft.updated_at = at
 
 
-def _canonical(value: str, field: str) -> None:
-    """InvalidInputError unless `value` is a timestamp in the one spelling the commands write."""
-    if timestamp(value, field) != value:
+def _canonical(value: str, field: str) -> int:
+    """Epoch ms of `value`; InvalidInputError unless it is a timestamp in the one spelling the commands write."""
+    millis = canonical_ms(value)
+    if millis is not None:
+        return millis
+    if timestamp(value, field) != value:  # timestamp's InvalidInputError names a value that is no time at all
         raise InvalidInputError(field, f"{field} is invalid: {shown(value)} is not canonical (UTC, milliseconds, Z)")
+    return parse_iso_ms(value)
 
 
 _HANDLERS: dict[type[Event], Callable[[RunnerDraft, Any, int, str], None]] = {

@@ -18,6 +18,7 @@ from .canonical import timestamp
 from .errors import InvalidInputError
 
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,255}")
+_ID_MATCH = ID_RE.fullmatch
 DIGEST_RE = re.compile(r"sha256:[a-f0-9]{64}")
 TARGETS = ("local", "wsl", "ssh", "container")
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -132,8 +133,12 @@ class ProxyAuthority(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: str
 
     def __post_init__(self) -> None:
-        safe_id(self.id, "proxy_authority.id")
-        safe_int(self.revision, "proxy_authority.revision", 1)
+        # Each check's test first, its call (and message) only for a value that fails it: every authority a
+        # replay decodes passes through here.
+        if type(self.id) is not str or _ID_MATCH(self.id) is None:
+            safe_id(self.id, "proxy_authority.id")
+        if type(self.revision) is not int or not 1 <= self.revision <= MAX_SAFE_INTEGER:
+            safe_int(self.revision, "proxy_authority.revision", 1)
         # An aware datetime becomes the canonical string, so equal authorities compare and hash alike.
         msgspec.structs.force_setattr(self, "issued_at", timestamp(self.issued_at, "proxy_authority.issued_at"))
         msgspec.structs.force_setattr(self, "expires_at", timestamp(self.expires_at, "proxy_authority.expires_at"))

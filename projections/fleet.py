@@ -1,18 +1,21 @@
-"""Replays over the whole log: every runner's state, state as of any seq, and the fleet view.
+"""Replays over the log: every runner's state, state as of any seq, and the fleet view.
 
 All of these are pure folds of the log through the same rules the commands obey
-(``lifecycle_es.runner.apply``); nothing here is stored as truth.
+(``lifecycle_es.runner.apply``); nothing here is stored as truth. `replay` and `replay_all` fold the
+whole log; `states_at`, `fleet` and `state_at` start each runner from its snapshot when the snapshot's
+tag proves it (``lifecycle_es.replay.snapshot_of``, as the commands do) and fold only the runner's events
+after it, so their cost follows the tail the snapshots leave, not the length of the log.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import msgspec
 
 from lifecycle_es.log import RecordedEvent
 from lifecycle_es.receipts import RunnerSnapshot, project
-from lifecycle_es.replay import fold, fold_log, load
+from lifecycle_es.replay import EMPTY, Folded, fold, fold_log, load, snapshot_of
 from lifecycle_es.runner import LEASE_STATUSES, STATES
 from lifecycle_es.state import RunnerState, lease_counts
 from lifecycle_es.store import EventStore
@@ -55,8 +58,8 @@ def replay(store: EventStore, *, until_seq: int | None = None) -> dict[str, Runn
 def state_at(store: EventStore, runner_id: str, seq: int | None = None) -> RunnerState | None:
     """A runner's state as of global `seq` (its latest when None); None if it had no events by then.
 
-    Starts from the runner's snapshot when the snapshot is no later than `seq`, so it reads only the
-    runner's own events after that.
+    Starts from the runner's snapshot when the snapshot is no later than `seq` and its tag proves it, so
+    it reads only the runner's own events after that.
     """
     safe_id(runner_id, "runner_id")
     if seq is not None:
@@ -83,8 +86,45 @@ def fleet_of(states: dict[str, RunnerState], head_seq: int) -> FleetView:
                      runners_by_state=by_state, leases_by_status=by_status)
 
 
-def fleet(store: EventStore, *, at_seq: int | None = None) -> FleetView:
-    """The whole fleet as of `at_seq` (the log's head when None), by replay."""
+def states_at(store: EventStore, seq: int | None = None, *,
+              progress: Callable[[int, int], None] | None = None) -> dict[str, RunnerState]:
+    """Every runner's state as of global `seq` (the head when None): what `replay` returns, read cheaper.
+
+    Each runner starts from its snapshot when the snapshot is no later than `seq` and its tag proves it
+    (any other is ignored: that runner is replayed from its first event), and folds only its own events
+    after it. When no runner has such a snapshot, the log is folded in one pass instead, which reads it
+    in order. `progress`: called with (done, total): runners, or events of a one-pass replay.
+    """
+    head = store.head().seq
+    until = head if seq is None else min(safe_int(seq, "seq"), head)
+    streams = store.streams()
+    bases: dict[str, Folded] = {}
+    for stream in streams:
+        snapshot = snapshot_of(store, stream)
+        if snapshot is not None and snapshot.seq <= until:
+            bases[stream] = snapshot
+    states: dict[str, RunnerState] = {}
+    if not bases:
+        tell = (lambda done: progress(done, until)) if progress is not None else None
+        for stream, folding in fold_log(store, until_seq=until, progress=tell).items():
+            state = folding.state()
+            assert state is not None
+            states[stream] = state
+        return states
+    for done, stream in enumerate(streams, 1):
+        state = load(store, stream, base=bases.get(stream, EMPTY), until_seq=until).state
+        if state is not None:  # a runner whose first event is after `seq` was not there yet
+            states[stream] = state
+        if progress is not None:
+            progress(done, len(streams))
+    return states
+
+
+def fleet(store: EventStore, *, at_seq: int | None = None,
+          progress: Callable[[int, int], None] | None = None) -> FleetView:
+    """The whole fleet as of `at_seq` (the log's head when None): `states_at`, from proven snapshots and
+    the tail of the log after them. Every runner is folded up to the one seq, so appends that other
+    processes commit meanwhile are not in the view."""
     head = store.head().seq if at_seq is None else min(safe_int(at_seq, "at_seq"), store.head().seq)
-    return fleet_of(replay(store, until_seq=head), head)
+    return fleet_of(states_at(store, head, progress=progress), head)
 

@@ -7,6 +7,7 @@ in one write transaction (the audit's check that they equal a replay is ``lifecy
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 from lifecycle_es.replay import Folded, fold_log, write_snapshot
@@ -24,11 +25,12 @@ class RebuildReport(NamedTuple):
     seconds: float
 
 
-def rebuild(store: EventStore) -> RebuildReport:
+def rebuild(store: EventStore, *, progress: Callable[[int, int], None] | None = None) -> RebuildReport:
     """Drop and rebuild snapshots and the read models from the log alone, in one transaction.
 
     Snapshots are tagged (see ``lifecycle_es.replay``): a keyed store opened without its key cannot
-    tag them, so its rebuild raises StoreKeyError and changes nothing.
+    tag them, so its rebuild raises StoreKeyError and changes nothing. `progress`: called with (events
+    replayed, events in the log) as the replay goes; the library draws nothing.
     """
     started = time.perf_counter()
     with store.transaction("rebuild") as tx:
@@ -36,8 +38,10 @@ def rebuild(store: EventStore) -> RebuildReport:
         backend.drop_read_models()
         backend.clear_snapshots()
         backend.create_read_models(indexes=False)
+        head = store.head().seq
+        tell = (lambda seq: progress(seq, head)) if progress is not None else None
         # Each runner folded into a draft and frozen once (the rules and errors of replay_all).
-        folds = fold_log(store)
+        folds = fold_log(store, progress=tell)
         count = 0
         snapshots = 0
         for stream, folding in folds.items():
@@ -49,5 +53,5 @@ def rebuild(store: EventStore) -> RebuildReport:
                 snapshots += 1
         backend.create_read_model_indexes()
         if count:
-            backend.set_read_model_position(store.head().seq)
+            backend.set_read_model_position(head)
     return RebuildReport(count, len(folds), snapshots, time.perf_counter() - started)

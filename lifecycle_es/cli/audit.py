@@ -21,7 +21,7 @@ from lifecycle_es.auditing import audit
 
 from .access import default_seal, input_file, int_at_least, open_store, read_key_file, read_trust, require_file
 from .exits import EXIT_DATAERR, EXIT_OK, EXIT_USAGE, CommandError, classify, one_line, printable
-from .render import Progress, pairs
+from .render import Bar, pairs
 
 
 def register(subparsers: Any) -> None:
@@ -49,22 +49,6 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
-class _Bar:
-    """The progress bar the command line draws for `lifecycle_es.audit`'s progress callback."""
-
-    def __init__(self) -> None:
-        self.bar: Progress | None = None
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.bar is None:
-            self.bar = Progress("audit", total)
-        self.bar.update(done)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def run(args: argparse.Namespace) -> int:
     """Audit the file; print the summary; 0 when whole, 65 when not."""
     try:
@@ -73,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         trust = read_trust(args.trust) if args.trust else None
         checkpoints = _checkpoints(args.checkpoints, trust is not None)
         with open_store(args.file, key=key, seal=False, need_key=True) as store:
-            bar = _Bar()
+            bar = Bar("audit")
             try:
                 report = audit(store, key=key, seal=seal_path, jobs=args.jobs, progress=bar, trust=trust,
                                checkpoints=checkpoints)

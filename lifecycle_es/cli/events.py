@@ -11,8 +11,10 @@ an object, ``hash`` the chain hash in hex. ``-n N`` keeps the last N of the even
 select, found by reading back from the head (the log's, or the runner's stream's) in growing chunks,
 never from the start. ``-f`` works as ``journalctl -f``: alone it prints the last 10 events and then
 follows; ``-n`` says how many to print first (``-n 0``: none, ``-n all``: every one), and ``--after`` or
-``--since`` without ``-n`` start there instead. It ends, with exit 0, on SIGINT or SIGTERM. A runner the
-log does not have is refused with exit 66, as by every command that takes one (`exits.no_runner`).
+``--since`` without ``-n`` start there instead; it ends, with exit 0, on SIGINT or SIGTERM. ``--since``
+and ``--until`` find the seqs of their window by bisection (an event is never stamped before the one
+before it), so a window costs what it holds. A runner the log does not have is refused with exit 66,
+as by every command that takes one (`exits.no_runner`).
 """
 
 from __future__ import annotations
@@ -85,14 +87,22 @@ def run(args: argparse.Namespace) -> int:
         _stop_on_signals(stop)
     with open_store(args.file) as store:
         if count == ALL:
-            _check_runner(store, args.runner, args.file)
-            printed = _print(store.read(after=after, stream=args.runner), keep, args)
-            start = max(after, printed)
+            with store.backend.read_tx("read the events"):
+                _check_runner(store, args.runner, args.file)
+                head = store.head().seq
+                low, high = seq_window(store, args.since, args.until, head)
+            events = store.read(after=max(after, low - 1), stream=args.runner)
+            # Past the window's last seq no event is in it: stop there, not at the head.
+            printed = _print(itertools.takewhile(lambda r: r.seq <= high, events), keep, args)
+            start = max(after, low - 1, printed)
         else:
             with store.backend.read_tx("read the last events"):  # the head and the stream's version agree
                 _check_runner(store, args.runner, args.file)
-                start = max(after, store.head().seq)
-                tail = last_events(store, count, runner=args.runner, after=after, keep=keep, head=start)
+                head = store.head().seq
+                low, high = seq_window(store, args.since, args.until, head)
+                start = max(after, head)
+                tail = last_events(store, count, runner=args.runner, after=max(after, low - 1), keep=keep,
+                                   head=min(start, high))
             _print(tail, keep, args)
         if args.follow:
             sys.stdout.flush()
@@ -127,9 +137,45 @@ def window(since_ms: int | None, until_ms: int | None) -> Callable[[RecordedEven
     """
     if since_ms is None and until_ms is None:
         return None
+    low, high = window_text(since_ms, until_ms)
+    return lambda recorded: low <= recorded.at <= high
+
+
+def window_text(since_ms: int | None, until_ms: int | None) -> tuple[str, str]:
+    """``[since_ms, until_ms]`` as the lowest and highest ``at`` text inside it (open ends as text below or
+    above every time)."""
     low = iso_ms(min(max(since_ms, EARLIEST_MS), LATEST_MS)) if since_ms is not None else ""
     high = iso_ms(min(max(until_ms, EARLIEST_MS), LATEST_MS)) if until_ms is not None else "\U0010ffff"
-    return lambda recorded: low <= recorded.at <= high
+    return low, high
+
+
+def seq_window(store: EventStore, since_ms: int | None, until_ms: int | None, head: int) -> tuple[int, int]:
+    """The seqs ``(first, last)`` that can hold events stamped in ``[since_ms, until_ms]``, found by bisection.
+
+    The store never stamps an event before the one before it (the audit proves a log holds to that), so
+    the events of a time window are one run of seqs: two searches of about log2(head) reads each find it,
+    and a listing reads the window, not the log. ``(1, head)`` when both bounds are open.
+    """
+    low, high = window_text(since_ms, until_ms)
+    first = 1 if since_ms is None else _first_seq(store, lambda at: at >= low, head)
+    last = head if until_ms is None else _first_seq(store, lambda at: at > high, head) - 1
+    return first, last
+
+
+def _first_seq(store: EventStore, reached: Callable[[str], bool], head: int) -> int:
+    """The lowest seq in 1..head whose event's at `reached` holds for (head + 1 when none), given that it
+    holds for every seq after one where it does."""
+    low, high = 1, head + 1
+    while low < high:
+        middle = (low + high) // 2
+        recorded = store.event_at(middle)
+        # A seq missing from a log edited outside the store counts as reached: the listing then starts
+        # earlier and stops later, and the window's test still drops what lies outside it.
+        if recorded is None or reached(recorded.at):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def last_events(store: EventStore, count: int, *, runner: str | None = None, after: int = 0,

@@ -3,11 +3,8 @@
     lifecycle-es rebuild runners.db          drop snapshots and read models, rebuild them by replay
     lifecycle-es rebuild runners.db --key-file store.key    the same for a keyed store (snapshots are MAC'd)
     lifecycle-es seal runners.db             verify the chain, then write the head to runners.db.seal
-<<<<<<< HEAD
     lifecycle-es seal postgresql://db/fleet -o fleet.seal    a server's store: the seal file is named
-=======
     lifecycle-es seal runners.db --sign ops.key    also append a signed checkpoint to runners.db.checkpoints
->>>>>>> checkpoints
 
 A seal blesses the head it records, so ``seal`` verifies the chain first (``--no-verify`` skips that,
 for a log just audited). A log already behind an earlier seal is refused, not re-sealed. ``--sign``
@@ -25,12 +22,9 @@ from typing import Any
 from lifecycle_es.backends import is_url
 from lifecycle_es.store import EventStore
 
-<<<<<<< HEAD
-from .access import open_store, read_key_file, require_file
-=======
 from .access import open_store, read_key_file, read_signer, require_file
->>>>>>> checkpoints
 from .exits import EXIT_OK, EXIT_USAGE, CommandError, printable
+from .render import Bar
 
 
 def register(subparsers: Any) -> None:
@@ -56,7 +50,7 @@ def register(subparsers: Any) -> None:
     seal.add_argument("--sign", metavar="KEY", help="also sign the head with this private key (lifecycle-es keygen) "
                                                     "and append the checkpoint to FILE.checkpoints")
     seal.add_argument("--checkpoints", metavar="CP", help="the checkpoint file --sign appends to "
-                                                          "(default: FILE.checkpoints)")
+                                                          "(default: FILE.checkpoints; a URL's store needs one)")
     seal.set_defaults(run=run_seal)
 
 
@@ -68,8 +62,12 @@ def run_rebuild(args: argparse.Namespace) -> int:
     key = read_key_file(args.key_file) if args.key_file else None
     with open_store(args.file, key=key, need_key=True):
         pass  # the format, tables, key and seal are checked read-only before anything is written
+    bar = Bar("rebuild")
     with EventStore.open(args.file, key=key) as store:  # a writer's open refuses a file whose schema was altered
-        report = rebuild(store)
+        try:
+            report = rebuild(store, progress=bar)
+        finally:
+            bar.close()
     print(printable(f"rebuilt {args.file} from {report.events:,} events: {report.runners:,} runners in the read "
                     f"models, {report.snapshots:,} snapshots, in {report.seconds:.2f} s"))
     return EXIT_OK
@@ -78,11 +76,16 @@ def run_rebuild(args: argparse.Namespace) -> int:
 def run_seal(args: argparse.Namespace) -> int:
     """Verify the chain and seal the head."""
     key = read_key_file(args.key_file) if args.key_file else None
-<<<<<<< HEAD
     require_file(args.file)
     if args.out is None and is_url(args.file):
         raise CommandError(EXIT_USAGE, "seal: a store on a server has no file to seal beside: name the seal "
                                        "file with -o (it stays on the host that keeps it)")
+    if args.checkpoints is not None and args.sign is None:
+        raise CommandError(EXIT_USAGE, "--checkpoints names where --sign appends: pass --sign KEY too")
+    if args.sign is not None and args.checkpoints is None and is_url(args.file):
+        raise CommandError(EXIT_USAGE, "seal --sign: a store on a server has no file beside it: name the "
+                                       "checkpoint file with --checkpoints")
+    signer = read_signer(args.sign) if args.sign is not None else None
     out = args.out if args.out is not None else args.file + ".seal"
     # A log already behind the seal it would replace is refused, not re-sealed.
     earlier = out if os.path.lexists(out) else False
@@ -90,29 +93,14 @@ def run_seal(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         verified = None if args.no_verify else store.verify(key=key)
         sealed = store.seal(out)
-        if verified is not None and sealed.seq != verified.head.seq:
-            # Another process appended between the two: what the seal blesses must have been verified too.
-            verified = store.verify(key=key)
-    checked = "not verified" if verified is None else (
-        f"{verified.events:,} events verified in {time.perf_counter() - started:.2f} s")
-    print(printable(f"sealed {args.file} at seq {sealed.seq:,}, hash {sealed.hash} ({checked}) -> {out}"))
-=======
-    if args.checkpoints is not None and args.sign is None:
-        raise CommandError(EXIT_USAGE, "--checkpoints names where --sign appends: pass --sign KEY too")
-    signer = read_signer(args.sign) if args.sign is not None else None
-    with open_store(args.file, key=key, need_key=True) as store:
-        started = time.perf_counter()
-        verified = None if args.no_verify else store.verify(key=key)
-        sealed = store.seal()
         signed = store.checkpoint(signer, args.checkpoints) if signer is not None else None
         if verified is not None and max(sealed.seq, signed.seq if signed else 0) > verified.head.seq:
             # Another process appended meanwhile: what the seal and the checkpoint bless must be verified too.
             verified = store.verify(key=key)
     checked = "not verified" if verified is None else (
         f"{verified.events:,} events verified in {time.perf_counter() - started:.2f} s")
-    print(printable(f"sealed {args.file} at seq {sealed.seq:,}, hash {sealed.hash} ({checked}) -> {args.file}.seal"))
+    print(printable(f"sealed {args.file} at seq {sealed.seq:,}, hash {sealed.hash} ({checked}) -> {out}"))
     if signed is not None and signer is not None:
         print(printable(f"signed checkpoint at seq {signed.seq:,} by {signer.verifier.name}+"
                         f"{signer.verifier.hash.hex()} -> {args.checkpoints or args.file + '.checkpoints'}"))
->>>>>>> checkpoints
     return EXIT_OK

@@ -101,3 +101,23 @@ def _is_terminal(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+class Bar:
+    """A `Progress` drawn for a library call's ``progress(done, total)`` callback, made at the first call
+    (when the total is known). Close it when the call returns."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.bar: Progress | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        """Show `done` of `total`."""
+        if self.bar is None:
+            self.bar = Progress(self.label, total)
+        self.bar.update(done)
+
+    def close(self) -> None:
+        """Erase the bar, if one was drawn."""
+        if self.bar is not None:
+            self.bar.close()

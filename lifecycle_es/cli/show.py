@@ -3,10 +3,10 @@
     lifecycle-es show runners.db                     every runner, one line each
     lifecycle-es show runners.db runner-7 --at 120   one runner as it was after seq 120
 
-State is a replay of the log (the same rules as the commands), from a snapshot only when its tag
-proves it, never from the read models (a cache anyone with the file can edit); the file is opened
-read-only. Every value is printed escaped (``exits.printable``): ids from a hostile file cannot drive
-the terminal.
+State is a replay of the log (the same rules as the commands), each runner from its snapshot when the
+snapshot's tag proves it and then only the events after it, never from the read models (a cache anyone
+with the file can edit); the file is opened read-only. A long replay draws a progress bar on a terminal.
+Every value is printed escaped (``exits.printable``): ids from a hostile file cannot drive the terminal.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from .access import int_at_least, open_store
 from .exits import EXIT_OK, no_runner, printable
 from .options import runner_id as runner_arg
-from .render import pairs, short, table
+from .render import Bar, pairs, short, table
 
 
 def register(subparsers: Any) -> None:
@@ -41,11 +41,15 @@ def run(args: argparse.Namespace) -> int:
 
     from projections import fleet, project, state_at
 
+    bar = Bar("show")
     with open_store(args.file) as store, store.backend.read_tx("show"):
         head = store.head().seq
         at = head if args.at is None else min(args.at, head)
         if args.runner is None:
-            view = fleet(store, at_seq=at)
+            try:
+                view = fleet(store, at_seq=at, progress=bar)
+            finally:
+                bar.close()
             data = msgspec.to_builtins(view)
         else:
             state = state_at(store, args.runner, at)

@@ -11,18 +11,15 @@ The first line is a header: ``{"format": "lifecycle-es-export", "version": 1, "s
 "events", "head_seq", "head_hash"}``; each line after it is one row ``{"seq", "stream", "version",
 "type", "at", "body", "prev", "hash"}`` with ``body``, ``prev`` and ``hash`` in hex. Import keeps the
 store id (the chain's genesis derives from it) and the rows' bytes, so the new file's chain is the old
-<<<<<<< HEAD
 one, hash for hash. Neither command overwrites a file or a server's store (exit 73); an export is
 written 0600, like a store.
-=======
-one, hash for hash. Neither command overwrites a file (exit 73); an export is written 0600, like a store.
 
 Signed checkpoints travel too: the export of a store with a checkpoint file (``FILE.checkpoints``, or
 ``--checkpoints CP``) says how many in its header (``"checkpoints": N``, left out when none) and
 carries each after the rows as ``{"checkpoint": "<the signed note>"}``; import writes them, byte for
-byte, to ``FILE.checkpoints`` of the new store. The store id and every hash are kept, so each still
-verifies against the imported log (``lifecycle-es audit NEW --trust KEY.pub``).
->>>>>>> checkpoints
+byte, to ``FILE.checkpoints`` of the new store (a server's store names its file with ``--checkpoints``).
+The store id and every hash are kept, so each still verifies against the imported log
+(``lifecycle-es audit NEW --trust KEY.pub``).
 """
 
 from __future__ import annotations
@@ -38,17 +35,14 @@ import msgspec
 
 from lifecycle_es import chain
 from lifecycle_es.backend import Row
-<<<<<<< HEAD
 from lifecycle_es.backends import create_store, is_url, remove_store, store_exists
-=======
 from lifecycle_es.checkpoints import Note, notes, read_notes
->>>>>>> checkpoints
 from lifecycle_es.errors import StoreKeyError
 from lifecycle_es.files import text_path
 from lifecycle_es.store import EventStore
 
 from .access import DOWNGRADED, file_error, input_file, open_store, read_key_file, require_file
-from .exits import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_OK, CommandError
+from .exits import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_OK, EXIT_USAGE, CommandError
 from .render import Progress
 
 FORMAT = "lifecycle-es-export"
@@ -112,6 +106,9 @@ def register(subparsers: Any) -> None:
     restore.add_argument("file", metavar="FILE", help="the new store file, or a postgresql:// URL whose schema "
                                                       "holds no store yet")
     restore.add_argument("-k", "--key-file", metavar="K", help="the key of a keyed store's export")
+    restore.add_argument("--checkpoints", metavar="CP",
+                         help="where to write the export's signed checkpoints (default: FILE.checkpoints; a "
+                              "postgresql:// store needs one when the export carries any)")
     restore.set_defaults(run=run_import)
 
 
@@ -136,8 +133,9 @@ def run_export(args: argparse.Namespace) -> int:
                 seq=recorded.seq, stream=recorded.stream, version=recorded.version, type=recorded.type,
                 at=recorded.at, body=recorded.body.hex(), prev=recorded.prev.hex(), hash=recorded.hash.hex(),
             )) + b"\n")
-            if recorded.seq % 10_000 == 0:
+            if recorded.seq % 1000 == 0:
                 bar.update(recorded.seq)
+        bar.update(head.seq)  # the last rows too: a bar never stops short of its end
         bar.close()
         for note in signed:
             out.write(encoder.encode(ExportCheckpoint(checkpoint=note.whole())) + b"\n")
@@ -198,28 +196,30 @@ def _new_file(path: str) -> Iterator[IO[bytes]]:
 
 def run_import(args: argparse.Namespace) -> int:
     """Verify the export, write the new store, verify it."""
-<<<<<<< HEAD
     if is_url(args.file):
         require_file(args.file)  # never a password on the command line
         if store_exists(args.file):
             raise CommandError(EXIT_CANTCREAT, f"{args.file} already holds a store; it is not overwritten")
     else:
         _refuse_existing(args.file, "FILE")
-=======
-    _refuse_existing(args.file, "FILE")
-    _refuse_existing(args.file + ".checkpoints", "FILE")
->>>>>>> checkpoints
+    cp_path = args.checkpoints if args.checkpoints is not None else None if is_url(args.file) else (
+        args.file + ".checkpoints")
+    if cp_path is not None:
+        _refuse_existing(cp_path, "--checkpoints")
     key = read_key_file(args.key_file) if args.key_file else None
     # One open for every pass: the rows written are read from the file whose chain was verified.
     with input_file(args.source, what="export", arg="IN.jsonl") as source:
         header = verify_export(source, args.source, key)
         signed = _carried(source, args.source)
+        if signed and cp_path is None:
+            raise CommandError(EXIT_USAGE, f"the export carries {len(signed):,} signed checkpoint(s) and a store on "
+                                           "a server has no file beside it: name where they go with --checkpoints")
         source.seek(0)
         create_store(args.file, store_id=bytes.fromhex(header.store_id), key_id=header.key_id,
                      rows=_rows(source, args.source))
     try:
-        if signed:
-            with _new_file(args.file + ".checkpoints") as out:
+        if signed and cp_path is not None:
+            with _new_file(cp_path) as out:
                 out.write("".join(note.whole() + "\n" for note in signed).encode())
         # A read-write open turns on WAL and the profile; verify() then proves the new file's chain.
         with EventStore.open(args.file, key=key) as store:
@@ -229,18 +229,15 @@ def run_import(args: argparse.Namespace) -> int:
             raise CommandError(EXIT_DATAERR, f"{args.file!r} does not hold the export's chain (the export changed "
                                              "while it was imported?)")
     except BaseException:
-<<<<<<< HEAD
         with contextlib.suppress(Exception):
             remove_store(args.file)
-=======
-        for suffix in ("", "-wal", "-shm") + ((".checkpoints",) if signed else ()):
+        if signed and cp_path is not None:
             with contextlib.suppress(OSError):
-                os.unlink(args.file + suffix)
->>>>>>> checkpoints
+                os.unlink(cp_path)
         raise
     print(f"imported {report.events:,} events into {args.file}, chain verified"
           + (f" (head seq {report.head.seq:,}, hash {report.head.hash.hex()})" if report.events else "")
-          + (f"; {len(signed):,} signed checkpoint(s) to {args.file}.checkpoints" if signed else ""))
+          + (f"; {len(signed):,} signed checkpoint(s) to {cp_path}" if signed else ""))
     return EXIT_OK
 
 

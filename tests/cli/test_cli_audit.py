@@ -9,7 +9,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +34,8 @@ from forging import forge
 
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms
+from lifecycle_es.cli import main as cli_main
+from lifecycle_es.cli import render
 from lifecycle_es.cli.render import PROGRESS_MIN_TOTAL, Progress
 from lifecycle_es.events import (
     RUNNER_SCHEMA,
@@ -467,3 +471,21 @@ def test_the_progress_bar_draws_on_a_terminal_only() -> None:
     short = Terminal()
     Progress("audit", PROGRESS_MIN_TOTAL - 1, stream=short).update(10)
     assert short.getvalue() == ""  # a short log is over before a bar would help
+
+
+@pytest.mark.parametrize("command", ["show", "rebuild", "export"])
+def test_show_rebuild_and_export_draw_progress_on_a_terminal_only(command: str, fleet_log: FleetLog, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    path = tmp_path / "copy.db"
+    shutil.copy(fleet_log[0], path)
+    monkeypatch.setattr(render, "PROGRESS_MIN_TOTAL", 1)  # the fixture's log is shorter than a bar's threshold
+    for stream, drawn in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        out = [str(tmp_path / f"export-{drawn}.jsonl")] if command == "export" else []
+        assert cli_main([command, str(path), *out]) == 0
+        assert (f"\r{command} [" in stream.getvalue()) is drawn, stream.getvalue()
+        assert stream.getvalue().endswith("\r\x1b[2K") is drawn  # the bar is erased before the output

@@ -19,7 +19,7 @@ from fleets import CLI, KEY, copy_store, long_in, one_error_line, run
 
 from lifecycle_es import EventStore, ProxyAuthority, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms, parse_iso_ms
-from lifecycle_es.cli.events import last_events, window
+from lifecycle_es.cli.events import last_events, seq_window, window
 from lifecycle_es.replay import load
 
 FleetLog = tuple[Path, dict[str, int]]
@@ -156,6 +156,30 @@ def test_events_since_and_until_select_by_time(fleet_log: FleetLog, every_event:
     assert run("events", path, "--since", high, "--until", low).returncode == 64
     assert run("events", path, "-f", "--until", high).returncode == 64  # a follow has no end in time
     assert run("events", path, "--since", "yesterday").returncode == 64
+
+
+def test_a_time_window_is_found_by_bisection_not_by_reading_the_log(fleet_log: FleetLog,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    path = fleet_log[0]
+    with EventStore.open(path, read_only=True) as store:
+        head = store.head().seq
+        everything = list(store.read())
+        looked: list[int] = []
+        event_at = store.event_at
+        monkeypatch.setattr(store, "event_at", lambda seq: looked.append(seq) or event_at(seq))
+        times = sorted({r.at for r in everything})
+        for since, until in ((times[5], times[-5]), (times[0], None), (None, times[len(times) // 2]),
+                             (times[-1], None), ("2000-01-01T00:00:00.000Z", "2000-01-02T00:00:00.000Z")):
+            looked.clear()
+            inside = [r.seq for r in everything
+                      if (since is None or r.at >= since) and (until is None or r.at <= until)]
+            first, last = seq_window(store, since and parse_iso_ms(since), until and parse_iso_ms(until), head)
+            assert list(range(first, last + 1)) == inside, (since, until)
+            assert len(looked) <= 2 * (head.bit_length() + 1) < head
+    # The command reads the window, not the log from its start.
+    since = times[-3]
+    listed = [json.loads(line) for line in run("events", path, "--since", since, "-j").stdout.splitlines()]
+    assert [event["seq"] for event in listed] == [r.seq for r in everything if r.at >= since]
 
 
 def test_last_events_reads_back_from_the_head_not_the_whole_log(tmp_path_factory: pytest.TempPathFactory,

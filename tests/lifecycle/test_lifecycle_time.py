@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 from forging import forge
+from hypothesis import given
+from hypothesis import strategies as st
 
 import projections
 from lifecycle_es import AuthorityError, EventStore, IntegrityError, RunnerLifecycle
-from lifecycle_es.canonical import iso_ms, parse_iso_ms
+from lifecycle_es.canonical import MAX_EPOCH_MS, canonical_ms, iso_ms, parse_iso_ms
 from lifecycle_es.events import LeaseSettled, UnitStarting
 from lifecycle_es.replay import load
 from lifecycle_es.testing import RUNNER_DEFAULTS, START_MS, FakeClock, SequentialIds
@@ -146,3 +148,30 @@ def test_a_time_in_another_spelling_fails_replay(store: EventStore, clock: FakeC
     with EventStore.open(store.path, read_only=True) as reader, pytest.raises(IntegrityError) as refused:
         projections.replay(reader)
     assert refused.value.seq == seq and "canonical" in refused.value.reason
+
+
+def _spelled_canonically(text: str) -> int | None:
+    """The slow, obvious answer canonical_ms must give: parse it, and spell the result back."""
+    try:
+        millis = parse_iso_ms(text)
+    except (ValueError, OverflowError):
+        return None
+    return millis if 0 <= millis <= MAX_EPOCH_MS and iso_ms(millis) == text else None
+
+
+@given(st.integers(min_value=-10**6, max_value=MAX_EPOCH_MS))
+def test_canonical_ms_reads_every_time_the_store_writes(millis: int) -> None:
+    if 0 <= millis <= MAX_EPOCH_MS:
+        assert canonical_ms(iso_ms(millis)) == millis
+    else:
+        assert canonical_ms(iso_ms(millis)) is None
+
+
+@given(st.integers(min_value=0, max_value=MAX_EPOCH_MS), st.integers(min_value=0, max_value=23),
+       st.text(alphabet="0123456789:.-+TZz \u0663\uff10", max_size=3))
+def test_canonical_ms_refuses_every_other_spelling(millis: int, position: int, patch: str) -> None:
+    text = iso_ms(millis)
+    edited = text[:position] + patch + text[position + len(patch) or position + 1:]
+    assert canonical_ms(edited) == _spelled_canonically(edited)
+    for other in (text.replace("Z", "+00:00"), text.lower(), text[:-1], text + " ", text.replace("T", " ")):
+        assert canonical_ms(other) is None

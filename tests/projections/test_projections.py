@@ -35,6 +35,7 @@ from projections import (
     replay_all,
     runner_at,
     state_at,
+    states_at,
 )
 
 T0 = 1_700_000_000_000
@@ -510,6 +511,61 @@ def test_fleet_view_counts(mixed: Fleet) -> None:
     early = fleet(mixed.store, at_seq=5)
     assert early.runners_by_state["accepting"] == sorted(RUNNERS)
     assert early.leases_by_status == {"active": 0, "settled": 0, "parked": 0}
+
+
+def _counting_reads(store: EventStore, monkeypatch: pytest.MonkeyPatch) -> dict[str | None, int]:
+    """Count the event rows read through the backend, by stream (None: reads of the whole log)."""
+    backend = store.backend
+    counts: dict[str | None, int] = {}
+    pages, stream_pages = backend.pages, backend.stream_pages
+
+    def counted(found: Iterator[list[Any]], key: str | None) -> Iterator[list[Any]]:
+        for rows in found:
+            counts[key] = counts.get(key, 0) + len(rows)
+            yield rows
+
+    monkeypatch.setattr(backend, "pages", lambda **kw: counted(pages(**kw), kw.get("stream")))
+    monkeypatch.setattr(backend, "stream_pages", lambda stream, **kw: counted(stream_pages(stream, **kw), stream))
+    return counts
+
+
+def test_fleet_starts_each_runner_from_its_proven_snapshot_and_folds_only_the_tail(
+        mixed: Fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = mixed.store
+    truth = replay(store)
+    snapshots = _stored_snapshots(store)
+    tails = {runner_id: store.stream_version(runner_id) - snapshots.get(runner_id, (0,))[0] for runner_id in RUNNERS}
+    assert sum(tails.values()) < store.head().seq // 2  # snapshot_every=3: the snapshots cover most of the log
+    counts = _counting_reads(store, monkeypatch)
+    view = fleet(store)
+    assert view.runners == {runner_id: project(state) for runner_id, state in sorted(truth.items())}
+    assert counts == {runner_id: tail for runner_id, tail in tails.items() if tail}  # the tails, nothing else
+    assert states_at(store) == truth
+
+
+def test_fleet_never_trusts_a_snapshot_its_tag_does_not_prove(keyed: Fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = keyed.store
+    truth = replay(store)
+    assert truth["runner-a"].state == "parked" and snapshot_of(store, "runner-a") is not None
+    _forge_snapshot(keyed.path, "runner-a", state="accepting", leases=[])
+    counts = _counting_reads(store, monkeypatch)
+    view = fleet(store)
+    assert view.runners["runner-a"] == project(truth["runner-a"]) and view.runners_by_state["parked"] == ["runner-a"]
+    # runner-a is replayed from its first event; runner-b, whose snapshot is proven, reads none.
+    assert counts == {"runner-a": store.stream_version("runner-a")}
+    assert states_at(store) == truth
+
+
+def test_states_at_without_any_snapshot_folds_the_log_in_one_pass(mixed: Fleet,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    store = mixed.store
+    truth = replay(store)
+    store.backend.execute("DELETE FROM snapshots")
+    counts = _counting_reads(store, monkeypatch)
+    seen: list[tuple[int, int]] = []
+    assert states_at(store, progress=lambda done, total: seen.append((done, total))) == truth
+    assert counts == {None: store.head().seq}
+    assert seen[-1] == (store.head().seq, store.head().seq)
 
 
 def test_read_models_follow_the_projection_retention_while_the_log_keeps_every_lease(tmp_path: Path) -> None:
