@@ -484,7 +484,11 @@ class _Statements:
         self.page_stream_seq = f"{page} WHERE stream = %s AND seq > %s ORDER BY version LIMIT %s"
         self.page_stream = f"{page} WHERE stream = %s AND version > %s ORDER BY version LIMIT %s"
         self.row_at = f"{page} WHERE seq = %s LIMIT %s"
-        self.streams = f'SELECT DISTINCT stream COLLATE "C" FROM {s}.events ORDER BY 1'
+        # Each stream after the one before, by the (stream, version) index (stream is COLLATE "C", byte
+        # order as SQLite sorts): one seek per stream, not a scan of every event's index entry.
+        self.streams = (f"WITH RECURSIVE s(stream) AS (SELECT min(stream) FROM {s}.events UNION ALL"
+                        f" SELECT (SELECT min(e.stream) FROM {s}.events e WHERE e.stream > s.stream) FROM s"
+                        " WHERE s.stream IS NOT NULL) SELECT stream FROM s WHERE stream IS NOT NULL")
         self.bounds = f"SELECT count(*), min(seq) FROM {s}.events"
         self.snapshot = f"SELECT version, seq, state, event_hash FROM {s}.snapshots WHERE stream = %s"
         self.put_snapshot = (f"INSERT INTO {s}.snapshots (stream, version, seq, state, event_hash)"

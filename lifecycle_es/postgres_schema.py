@@ -70,8 +70,9 @@ def statements(schema: str) -> list[str]:
     return [
         f"CREATE SCHEMA IF NOT EXISTS {s}",
         f"CREATE TABLE {s}.meta (key text PRIMARY KEY, value bytea NOT NULL)",
-        f"CREATE TABLE {s}.events (seq bigint PRIMARY KEY, stream text NOT NULL, version bigint NOT NULL,"
-        " type text NOT NULL, at text NOT NULL, body bytea NOT NULL, prev bytea NOT NULL, hash bytea NOT NULL,"
+        f"CREATE TABLE {s}.events (seq bigint PRIMARY KEY, stream text COLLATE \"C\" NOT NULL,"
+        " version bigint NOT NULL, type text NOT NULL, at text NOT NULL, body bytea NOT NULL,"
+        " prev bytea NOT NULL, hash bytea NOT NULL,"
         " UNIQUE (stream, version))",
         f"CREATE TABLE {s}.head (one boolean PRIMARY KEY DEFAULT true CHECK (one), seq bigint NOT NULL,"
         " hash bytea, at text)",
@@ -317,6 +318,10 @@ def schema_problems(conn: psycopg.Connection[Any], schema: str) -> list[str]:
             " JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = p.relnamespace"
             " WHERE n.nspname = %s", (schema,)):
         problems.append(f"a table {child!r} inherits from its {parent!r} table (its rows would read as the store's)")
+    collation = conn.execute("SELECT collation_name FROM information_schema.columns WHERE table_schema = %s"
+                       " AND table_name = 'events' AND column_name = 'stream'", (schema,)).fetchone()
+    if collation is not None and collation[0] != "C":
+        problems.append(f"its events.stream column sorts by collation {shown(collation[0])}, not C (byte order)")
     problems += _meta_problems(conn, schema)
     problems += _head_problems(conn, schema)
     return problems
