@@ -14,6 +14,8 @@ from .errors import (
     EXIT_SOFTWARE,
     AuthorityError,
     ConcurrencyError,
+    HostFencedError,
+    HostLeaseHeldError,
     IntegrityError,
     InvalidInputError,
     LifecycleError,
@@ -30,6 +32,7 @@ from .errors import (
     StorePragmaError,
 )
 from .events import Event
+from .host_lease import HostLeaseGrant
 from .lifecycle import RunnerLifecycle, UnknownRunnerError
 from .log import Head, RecordedEvent, VerifyReport
 from .receipts import (
@@ -65,6 +68,9 @@ __all__ = [
     "EventStore",
     "Head",
     "HookReceipt",
+    "HostFencedError",
+    "HostLeaseGrant",
+    "HostLeaseHeldError",
     "IntegrityError",
     "InvalidInputError",
     "Lease",
