@@ -20,7 +20,7 @@ anything is touched. A stop request (SIGTERM) closes the hosts (units keep runni
 adopts them) and releases the leases.
 
 `report(kind, fields)` tells what happened (``standby``, ``lease-taken``, ``acting``, ``adopted``,
-``action``, ``fenced``, ``held``, ``released``, ``renewed``, ``renew-failed``, ``reconciled``); the
+``action``, ``busy``, ``fenced``, ``held``, ``released``, ``renewed``, ``renew-failed``, ``reconciled``); the
 command line turns it into text or JSON lines, and metrics.
 """
 
@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lifecycle_es.errors import EXIT_FENCED, EXIT_HELD, HostFencedError
+from lifecycle_es.errors import EXIT_FENCED, EXIT_HELD, HostFencedError, StoreBusyError
 from lifecycle_es.lifecycle import RunnerLifecycle
 from lifecycle_es.store import EventStore
 
@@ -93,13 +93,18 @@ class HostServer:
         try:
             while not stop.is_set():
                 for slot in self.slots:
-                    if slot.keeper.grant is None and not self._take(slot):
-                        if self.no_wait:
-                            return EXIT_HELD
-                        continue
-                    slot.keeper.check()
-                    if slot.keeper.ready():
-                        self._serve(slot)
+                    try:
+                        if slot.keeper.grant is None and not self._take(slot):
+                            if self.no_wait:
+                                return EXIT_HELD
+                            continue
+                        slot.keeper.check()
+                        if slot.keeper.ready():
+                            self._serve(slot)
+                    except StoreBusyError as busy:
+                        # Another writer held the store's lock too long: try again on the next turn (the
+                        # lease's deadline, checked before any side effect, bounds how long that may last).
+                        self._report("busy", {"runner": slot.keeper.runner_id, "error": str(busy)})
                 if on_tick is not None:
                     on_tick()
                 stop.wait(self.poll_interval)

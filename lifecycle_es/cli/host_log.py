@@ -48,6 +48,8 @@ def _text(kind: str, fields: dict[str, Any]) -> str | None:
         return f"lifecycle-es host: {runner}: fenced (token {fields['token']}): {fields['reason']}; stopped acting"
     if kind == "released":
         return f"lifecycle-es host: {runner}: host lease released (token {fields['token']})"
+    if kind == "busy":
+        return f"lifecycle-es host: {runner}: store busy, trying again: {fields['error']}"
     if kind == "renew-failed":
         return f"lifecycle-es host: {runner}: renewal failed: {fields['error']}"
     if kind == "stopped":
