@@ -320,3 +320,20 @@ def test_a_host_with_no_wait_exits_76_while_another_holds_the_lease(runner: Runn
     assert late.events("held")[0]["holder"] == first.holder and not late.events("acting")
     first.process.send_signal(signal.SIGTERM)
     assert first.process.wait(timeout=30) == 0
+
+
+def test_a_holder_that_cannot_renew_by_its_local_deadline_stops_and_exits_75(runner: Runner) -> None:
+    leased_units(runner, "steady", 1)
+    host = runner.start_host()
+    assert wait_for(lambda: host.events("acting"), 30)
+    # The store's write lock held elsewhere: no renewal can land, so the driver's own deadline decides.
+    blocker = apsw.Connection(str(runner.db), flags=apsw.SQLITE_OPEN_READWRITE)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        assert host.process.wait(timeout=30) == 75
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    (fenced,) = host.events("fenced")
+    assert "not renewed by its local deadline" in str(fenced["reason"]), fenced
+    assert [line[0] for line in runner.records()] == ["start"]  # its unit was left alone, for the next holder
