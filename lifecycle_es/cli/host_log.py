@@ -11,6 +11,8 @@ second is noise); observers (the metrics) see every report.
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -64,22 +66,30 @@ class HostLog:
                  now: Callable[[], int] | None = None) -> None:
         self.format = log_format
         self.observers: list[Callable[[str, dict[str, Any]], None]] = []
-        self._write = write or (lambda line: print(line, flush=True))
+        self._write = write or self._print
         self._now = now or (lambda: time.time_ns() // 1_000_000)
+        # Reports come from the serving loop and the renewer's thread: one line is one write, whole.
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _print(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
     def report(self, kind: str, fields: dict[str, Any]) -> None:
         """Print one happening (unless it is only for observers) and tell the observers."""
-        for observer in self.observers:
-            observer(kind, fields)
-        if kind in _QUIET:
-            return
-        if self.format == "json":
-            line = _ENCODER.encode({"ts": iso_ms(self._now()), "event": kind, **fields}).decode()
-            self._write(json_printable(line))
-            return
-        text = _text(kind, fields)
-        if text is not None:
-            self._write(printable(text))
+        with self._lock:
+            for observer in self.observers:
+                observer(kind, fields)
+            if kind in _QUIET:
+                return
+            if self.format == "json":
+                line = _ENCODER.encode({"ts": iso_ms(self._now()), "event": kind, **fields}).decode()
+                self._write(json_printable(line))
+                return
+            text = _text(kind, fields)
+            if text is not None:
+                self._write(printable(text))
 
 
 __all__ = ["HostLog"]

@@ -144,3 +144,23 @@ def test_the_notifier_reads_its_environment() -> None:
     assert abstract is not None and abstract.address == "\0name" and abstract.watchdog_interval() == 2.0
     other = Notifier.from_environment({"NOTIFY_SOCKET": "/run/n", "WATCHDOG_USEC": "4000000", "WATCHDOG_PID": "1"})
     assert other is not None and other.watchdog_interval() is None  # the watchdog is another process's
+
+
+def test_json_log_lines_stay_whole_when_two_threads_report_at_once(capfd: object) -> None:
+    from lifecycle_es.cli.host_log import HostLog
+
+    log = HostLog("json")
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can: a line written in two parts is split
+    threads = [threading.Thread(target=lambda n=n: [log.report("renew-failed", {"runner": f"r{n}", "error": "x" * 300})
+                                                    for _ in range(300)]) for n in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    out = capfd.readouterr().out  # type: ignore[attr-defined]
+    lines = out.splitlines()
+    assert len(lines) == 1200 and all(json.loads(line)["event"] == "renew-failed" for line in lines)
