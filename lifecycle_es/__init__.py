@@ -15,6 +15,8 @@ from .errors import (
     EXIT_SOFTWARE,
     AuthorityError,
     ConcurrencyError,
+    HostFencedError,
+    HostLeaseHeldError,
     IntegrityError,
     InvalidInputError,
     LifecycleError,
@@ -31,6 +33,7 @@ from .errors import (
     StorePragmaError,
 )
 from .events import Event
+from .host_lease import HostLeaseGrant
 from .lifecycle import RunnerLifecycle, UnknownRunnerError
 from .log import Head, RecordedEvent, VerifyReport
 from .receipts import (
@@ -68,6 +71,9 @@ __all__ = [
     "EventStore",
     "Head",
     "HookReceipt",
+    "HostFencedError",
+    "HostLeaseGrant",
+    "HostLeaseHeldError",
     "IntegrityError",
     "InvalidInputError",
     "Lease",

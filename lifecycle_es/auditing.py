@@ -12,7 +12,9 @@ What it proves, in one read transaction (one consistent view of the log), each r
 - ``chain``: seqs contiguous from 1 (and no row outside them), every ``prev`` link, every hash (a MAC
   in keyed mode), every ``at`` a time as the store writes one and never earlier than the one before;
 - ``rules``: every event replayed through the rules the commands obey, versions contiguous, a
-  stream's first event naming its own runner, no stream left with a park pending;
+  stream's first event naming its own runner, no stream left with a park pending; the host lease
+  (``host_rules``): each ``HostLeaseAcquired`` token above every one before in its runner, and no host
+  event carrying a token older than the latest ``HostLeaseAcquired`` before it (a fenced driver's write);
 - ``snapshots`` and ``read_models``: each snapshot's tag verifies and its state equals the replay at
   its seq; every read-model row equals the replay (``lifecycle_es.caches``);
 - ``seal``: the log still holds the sealed hash at the sealed seq;

@@ -23,6 +23,8 @@ from typing import Any, Protocol
 Row = tuple[int, str, int, str, str, bytes, bytes, bytes]
 # What an append reads under the lock: (stream version, head seq, head hash, head at).
 Tail = tuple[int, int, bytes | None, str | None]
+# A runner's host lease as stored: (holder, token, expires_ms by the store's clock).
+HostLeaseRow = tuple[str, int, int]
 
 MAX_EVENT_BYTES = 512 * 1024
 PAGE_ROWS = 2000
@@ -126,6 +128,19 @@ class Backend(Protocol):
 
     def seq_bounds(self) -> tuple[int, int | None]:
         """How many rows the log holds and its lowest seq (None when empty)."""
+        ...
+
+    # --- host leases (one row per runner; renewals write here, never to the log) ----------------------
+
+    def host_lease(self, stream: str) -> HostLeaseRow | None:
+        """The runner's host lease row, (holder, token, expires_ms), or None when no driver ever took it.
+
+        Inside a write transaction it reads under the write lock, so a check and the append after it
+        see the same row."""
+        ...
+
+    def put_host_lease(self, stream: str, holder: str, token: int, expires_ms: int) -> None:
+        """Insert or replace the runner's host lease row (inside a write transaction)."""
         ...
 
     # --- snapshots ------------------------------------------------------------------------------------

@@ -46,9 +46,9 @@ class RunnerDraft(abc.ABC):
     of which checks what it must before changing anything (so a refused event leaves the draft as it was).
     """
 
-    __slots__ = ("base_dir", "drain", "generation", "last_at", "pending_park", "policy_revision",
-                 "post_session_hook_digest", "proxy_authority", "resources", "runner_id", "schema", "state", "target",
-                 "units_starting", "updated_at")
+    __slots__ = ("base_dir", "drain", "generation", "host_holder", "host_token", "last_at", "pending_park",
+                 "policy_revision", "post_session_hook_digest", "proxy_authority", "resources", "runner_id", "schema",
+                 "state", "target", "units_starting", "updated_at")
 
     def _take(self, state: Any) -> None:
         self.schema = state.schema
@@ -68,6 +68,8 @@ class RunnerDraft(abc.ABC):
         # of a unit fact after it is lost; `updated_at` is the latest time it can vouch for.
         self.last_at = state.last_at or state.updated_at
         self.units_starting = state.units_starting
+        self.host_holder = state.host_holder
+        self.host_token = state.host_token
 
     def _value(self, leases: tuple[Lease, ...], index: _LeaseIndex) -> RunnerState:
         state = RunnerState(
@@ -76,7 +78,7 @@ class RunnerDraft(abc.ABC):
             resources=self.resources, proxy_authority=self.proxy_authority,
             post_session_hook_digest=self.post_session_hook_digest, drain=self.drain, leases=leases,
             updated_at=self.updated_at, pending_park=self.pending_park, last_at=self.last_at,
-            units_starting=self.units_starting)
+            units_starting=self.units_starting, host_holder=self.host_holder, host_token=self.host_token)
         state.__dict__[_INDEX] = index
         return state
 

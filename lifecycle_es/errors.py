@@ -12,6 +12,8 @@
         ├── StoreBusyError (also TimeoutError)   the write lock was not had within busy_timeout
         ├── ConcurrencyError                     expected_version did not match the stream
         ├── StoreFencedError                     the store was fenced; nothing is retried on it
+        ├── HostFencedError                      a host driver's host lease is stale or expired: it must stop
+        ├── HostLeaseHeldError                   a runner's host lease is held by another live driver
         ├── StoreBehindSealError                 the log's head is behind the seal taken earlier
         ├── StoreKeyError                        a keyed store opened with no key or the wrong key
         ├── StoreFullError                       the disk is full
@@ -112,6 +114,38 @@ class StoreFencedError(StoreError):
     def __init__(self, cause: str) -> None:
         self.cause = cause
         super().__init__(f"the store is fenced: {cause}")
+
+
+class HostFencedError(StoreError):
+    """A host driver's write was refused: its host lease token is no longer the runner's, or the lease expired.
+
+    Nothing was appended. The driver has lost the runner (another took it over, or it could not renew
+    in time) and must stop acting on its units at once; `lifecycle-es host` exits EXIT_FENCED.
+    `runner_id`, `holder` and `token` name the lease that was used; `reason` says what no longer holds.
+    """
+
+    def __init__(self, runner_id: str, holder: str, token: int, reason: str) -> None:
+        self.runner_id = runner_id
+        self.holder = holder
+        self.token = token
+        self.reason = reason
+        super().__init__(f"host lease of runner {runner_id} (token {token}, holder {holder}) is fenced: {reason}; "
+                         "this host must stop acting for the runner")
+
+
+class HostLeaseHeldError(StoreError):
+    """A runner's host lease is held by another driver whose lease has not expired.
+
+    `holder` is that driver, `expires_in_ms` how long its lease lives without a renewal (by the store's
+    clock). Wait as a standby and try again, or exit EXIT_HELD.
+    """
+
+    def __init__(self, runner_id: str, holder: str, expires_in_ms: int) -> None:
+        self.runner_id = runner_id
+        self.holder = holder
+        self.expires_in_ms = expires_in_ms
+        super().__init__(f"runner {runner_id}'s host lease is held by {holder} for {expires_in_ms} ms more unless "
+                         "renewed; wait for it to lapse (a standby takes it then)")
 
 
 class StoreBehindSealError(StoreError):

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Union
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from .canonical import PLAIN_TYPES, struct_bytes, structs_bytes
 from .errors import IntegrityError, InvalidInputError
@@ -52,6 +53,9 @@ MAX_COMMAND_ARGS = 256
 """``UnitStarting.command``: at most this many arguments ..."""
 MAX_ARG_CHARS = 8_192
 """... of at most this many characters each."""
+MIN_HOST_LEASE_TTL_MS = 1_000
+MAX_HOST_LEASE_TTL_MS = 3_600_000
+"""``HostLeaseAcquired.ttl_ms``: a host lease lives 1 s .. 1 h between renewals."""
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -106,6 +110,7 @@ class LeaseSettled(Event, frozen=True, tag="LeaseSettled"):
     lease_id: str
     lease_generation: int
     result_digest: str
+    host_token: int | UnsetType = UNSET
 
 
 class LeaseParked(Event, frozen=True, tag="LeaseParked"):
@@ -115,6 +120,7 @@ class LeaseParked(Event, frozen=True, tag="LeaseParked"):
     lease_generation: int
     result_digest: str
     reason: str
+    host_token: int | UnsetType = UNSET
 
 
 class DrainExpired(Event, frozen=True, tag="DrainExpired"):
@@ -122,6 +128,7 @@ class DrainExpired(Event, frozen=True, tag="DrainExpired"):
 
     lease_ids: tuple[str, ...]
     deadline_at: str
+    host_token: int | UnsetType = UNSET
 
 
 class RunnerParked(Event, frozen=True, tag="RunnerParked"):
@@ -133,6 +140,7 @@ class RunnerParked(Event, frozen=True, tag="RunnerParked"):
 
     cause: str
     generation: int
+    host_token: int | UnsetType = UNSET
 
 
 class ReclaimBegun(Event, frozen=True, tag="ReclaimBegun"):
@@ -188,6 +196,7 @@ class UnitStarting(Event, frozen=True, tag="UnitStarting"):
     run_dir: str
     unit: str | None = None
     command: tuple[str, ...] = ()
+    host_token: int | UnsetType = UNSET
 
 
 class UnitStarted(Event, frozen=True, tag="UnitStarted"):
@@ -196,6 +205,7 @@ class UnitStarted(Event, frozen=True, tag="UnitStarted"):
     lease_id: str
     lease_generation: int
     handle: UnitRecord
+    host_token: int | UnsetType = UNSET
 
 
 class UnitSignalled(Event, frozen=True, tag="UnitSignalled"):
@@ -204,6 +214,7 @@ class UnitSignalled(Event, frozen=True, tag="UnitSignalled"):
     lease_id: str
     signal: str
     reason: str
+    host_token: int | UnsetType = UNSET
 
 
 class UnitExited(Event, frozen=True, tag="UnitExited"):
@@ -213,6 +224,7 @@ class UnitExited(Event, frozen=True, tag="UnitExited"):
     code: int | None
     signal: str | None
     outcome: str
+    host_token: int | UnsetType = UNSET
 
 
 class UnitStopped(Event, frozen=True, tag="UnitStopped"):
@@ -225,6 +237,7 @@ class UnitStopped(Event, frozen=True, tag="UnitStopped"):
     lease_id: str
     reason: str
     signals: tuple[str, ...] = ()
+    host_token: int | UnsetType = UNSET
 
 
 class UnitWakeRecorded(Event, frozen=True, tag="UnitWakeRecorded"):
@@ -232,6 +245,20 @@ class UnitWakeRecorded(Event, frozen=True, tag="UnitWakeRecorded"):
 
     lease_id: str
     wake_at: int
+    host_token: int | UnsetType = UNSET
+
+
+class HostLeaseAcquired(Event, frozen=True, tag="HostLeaseAcquired"):
+    """A host driver took the runner's host lease (first, or over a holder that let it lapse).
+
+    ``holder`` names the driver (host name, boot id and a random instance id); ``token`` is the fencing
+    number every later event of that driver carries, greater than every token before it; ``ttl_ms`` how
+    long the lease lives without a renewal (renewals are no events).
+    """
+
+    holder: str
+    token: int
+    ttl_ms: int
 
 
 LIFECYCLE_EVENTS: tuple[type[Event], ...] = (
@@ -241,8 +268,12 @@ LIFECYCLE_EVENTS: tuple[type[Event], ...] = (
 UNIT_EVENTS: tuple[type[Event], ...] = (
     UnitStarting, UnitStarted, UnitSignalled, UnitExited, UnitStopped, UnitWakeRecorded,
 )
+HOST_LEASE_EVENTS: tuple[type[Event], ...] = (HostLeaseAcquired,)
+FENCED_EVENTS: frozenset[type[Event]] = frozenset(
+    cls for cls in LIFECYCLE_EVENTS + UNIT_EVENTS if "host_token" in cls.__struct_fields__)
+"""The events a host driver may append, each carrying its host lease token (``host_token``)."""
 EVENT_TYPES: dict[str, type[Event]] = {
-    str(cls.__struct_config__.tag): cls for cls in LIFECYCLE_EVENTS + UNIT_EVENTS
+    str(cls.__struct_config__.tag): cls for cls in LIFECYCLE_EVENTS + UNIT_EVENTS + HOST_LEASE_EVENTS
 }
 
 _DECODER = msgspec.json.Decoder(Union[tuple(EVENT_TYPES.values())])  # noqa: UP007
@@ -255,7 +286,7 @@ def type_of(event: Event) -> str:
 
 # Field value types an event may hold without a look for floats: plain values, and the value types that
 # validate every field when they are built (and decoded, and replaced), refusing floats.
-_FLOAT_FREE = PLAIN_TYPES | {ProxyAuthority, Resources}
+_FLOAT_FREE = PLAIN_TYPES | {ProxyAuthority, Resources, UnsetType}
 
 
 def encode(event: Event) -> bytes:

@@ -17,10 +17,13 @@ import time
 import uuid
 from collections.abc import Callable
 
+from msgspec import UNSET
+
 from .canonical import MAX_EPOCH_MS, iso_ms, parse_iso_ms
 from .errors import InvalidInputError, LifecycleError, PreflightError
 from .events import Event, RunnerParked
 from .fences import check_identity
+from .host_fence import HostLeaseGrant, check_grant, stamped
 from .log import RecordedEvent
 from .preflight import preflight_writable_directory
 from .replay import EMPTY, Folded, load, write_snapshot
@@ -89,6 +92,8 @@ class RunnerHandle:
         self._preflight = preflight_base_dir or (lambda path: preflight_writable_directory(path, self._random_id))
         self._snapshot_every = safe_int(snapshot_every, "snapshot_every", 1)
         self._folded: Folded = EMPTY
+        # The host lease this handle writes under (`RunnerLifecycle.take_host_lease`), or None.
+        self._host_grant: HostLeaseGrant | None = None
 
     def __repr__(self) -> str:
         state = self._folded.state
@@ -141,12 +146,18 @@ class RunnerHandle:
             now_ms = self._stamp(tx, current.state)
             at = iso_ms(now_ms)
             events = decide(current.state, now_ms, at)
+            grant = self._host_grant
+            if grant is not None:
+                # A host's write: its lease checked under this lock, its token on every event it appends.
+                check_grant(tx, grant, now_ms)
+                events = stamped(events, grant.token)
             state = current.state
             for event in events:
                 state = apply(state, event, now_ms, at)
             if state.pending_park is not None:
                 # A consequence is its own event in the same transaction: the rules say a park is due.
-                parked = RunnerParked(cause=state.pending_park, generation=state.generation + 1)
+                parked = RunnerParked(cause=state.pending_park, generation=state.generation + 1,
+                                      host_token=grant.token if grant is not None else UNSET)
                 state = apply(state, parked, now_ms, at)
                 events.append(parked)
             # Decided through the rules above, under this lock: appended as decided.

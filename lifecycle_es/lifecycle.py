@@ -36,7 +36,8 @@ from .events import (
     RunnerInitialized,
 )
 from .fences import check_drain_park, check_fresh, check_poll, check_refresh
-from .handle import RunnerHandle, UnknownRunnerError
+from .handle import UnknownRunnerError
+from .host_lease import HostLeaseCommands
 from .log import RecordedEvent
 from .receipts import (
     DrainParkSnapshot,
@@ -72,7 +73,7 @@ def _generation(value: object, field: str) -> int:
     return safe_int(value, field, 1)
 
 
-class RunnerLifecycle(RunnerHandle):
+class RunnerLifecycle(HostLeaseCommands):
     """One runner's lifecycle on an event store (one stream: the runner id).
 
     A handle is cheap: it validates its arguments at once (InvalidInputError naming the field) and
@@ -95,6 +96,10 @@ class RunnerLifecycle(RunnerHandle):
     zero-argument callable returning the random part of a new lease id (default: a UUID's hex).
     `preflight_base_dir`: replaces the base directory preflight (tests; a host that checks otherwise).
     `snapshot_every`: take a snapshot of the runner's state every this many of its events (>= 1).
+
+    A host driver writes under the runner's host lease (`take_host_lease`, ``host_lease.py``): every
+    command of a handle that holds one is refused (HostFencedError) once the lease is another's or
+    has expired, and its events carry the lease's token.
     """
 
     def initialize(self) -> RunnerSnapshot:

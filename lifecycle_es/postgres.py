@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import psycopg
 
-from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Row, Tail
+from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, HostLeaseRow, Row, Tail
 from .backends import ServerTarget
 from .errors import IntegrityError, StoreBehindSealError, StoreFencedError, StoreFormatError, StoreIOError
 from .postgres_errors import translated, translation
@@ -325,6 +325,18 @@ class PostgresBackend(ServerReadModelTables):
                 self._listener.close()
             self._listener = None
 
+    # --- host leases (renewals write here, never to the log) ---------------------------------------
+
+    def host_lease(self, stream: str) -> HostLeaseRow | None:
+        """(holder, token, expires_ms) of the runner's host lease, or None; inside a write transaction it
+        is read after the head row was locked, so no other writer can change it before the commit."""
+        rows = self._rows("read the host lease", self._sql.host_lease, (stream,))
+        return (rows[0][0], int(rows[0][1]), int(rows[0][2])) if rows else None
+
+    def put_host_lease(self, stream: str, holder: str, token: int, expires_ms: int) -> None:
+        """Insert or replace the runner's host lease row (inside a write transaction)."""
+        self._rows_none("write the host lease", self._sql.put_host_lease, (stream, holder, token, expires_ms))
+
     # --- snapshots ----------------------------------------------------------------------------------
 
     def snapshot(self, stream: str) -> tuple[int, int, bytes, bytes] | None:
@@ -496,4 +508,9 @@ class _Statements:
                              " version = excluded.version, seq = excluded.seq, state = excluded.state,"
                              " event_hash = excluded.event_hash")
         self.snapshot_positions = f"SELECT stream, seq FROM {s}.snapshots ORDER BY seq"
+        self.host_lease = f"SELECT holder, token, expires_ms FROM {s}.host_leases WHERE stream = %s"
+        self.put_host_lease = (f"INSERT INTO {s}.host_leases (stream, holder, token, expires_ms)"
+                               " VALUES (%s, %s, %s, %s)"
+                               " ON CONFLICT (stream) DO UPDATE SET holder = excluded.holder, token = excluded.token,"
+                               " expires_ms = excluded.expires_ms")
         self.clear_snapshots = f"DELETE FROM {s}.snapshots"

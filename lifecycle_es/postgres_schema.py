@@ -41,6 +41,8 @@ STORE_COLUMNS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "head": (("one", "boolean", "NO"), ("seq", "bigint", "NO"), ("hash", "bytea", "YES"), ("at", "text", "YES")),
     "snapshots": (("stream", "text", "NO"), ("version", "bigint", "NO"), ("seq", "bigint", "NO"),
                   ("state", "bytea", "NO"), ("event_hash", "bytea", "NO")),
+    "host_leases": (("stream", "text", "NO"), ("holder", "text", "NO"), ("token", "bigint", "NO"),
+                    ("expires_ms", "bigint", "NO")),
 }
 READ_MODEL_TABLES = ("runners", "leases", "read_model_position")
 META_KEYS = ("store_id", "key_id", "schema_version")
@@ -78,6 +80,8 @@ def statements(schema: str) -> list[str]:
         " hash bytea, at text)",
         f"CREATE TABLE {s}.snapshots (stream text PRIMARY KEY, version bigint NOT NULL, seq bigint NOT NULL,"
         " state bytea NOT NULL, event_hash bytea NOT NULL)",
+        f"CREATE TABLE {s}.host_leases (stream text PRIMARY KEY, holder text NOT NULL, token bigint NOT NULL,"
+        " expires_ms bigint NOT NULL)",
         f"CREATE FUNCTION {s}.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $body${_REFUSE}$body$",
         f"CREATE TRIGGER events_no_change BEFORE UPDATE OR DELETE ON {s}.events"
         f" FOR EACH ROW EXECUTE FUNCTION {s}.refuse_change()",
@@ -97,6 +101,7 @@ _CONSTRAINTS = {
     ("head", "head_pkey", "PRIMARY KEY (one)"),
     ("meta", "meta_pkey", "PRIMARY KEY (key)"),
     ("snapshots", "snapshots_pkey", "PRIMARY KEY (stream)"),
+    ("host_leases", "host_leases_pkey", "PRIMARY KEY (stream)"),
 }
 _INDEXES = {
     ("events", "events_pkey", "CREATE UNIQUE INDEX events_pkey ON {s}.events USING btree (seq)"),
@@ -105,6 +110,8 @@ _INDEXES = {
     ("head", "head_pkey", "CREATE UNIQUE INDEX head_pkey ON {s}.head USING btree (one)"),
     ("meta", "meta_pkey", "CREATE UNIQUE INDEX meta_pkey ON {s}.meta USING btree (key)"),
     ("snapshots", "snapshots_pkey", "CREATE UNIQUE INDEX snapshots_pkey ON {s}.snapshots USING btree (stream)"),
+    ("host_leases", "host_leases_pkey",
+     "CREATE UNIQUE INDEX host_leases_pkey ON {s}.host_leases USING btree (stream)"),
 }
 _TRIGGERS = {
     ("events", "events_no_change", "O",
@@ -133,6 +140,7 @@ def writer_grants(schema: str, role: str) -> list[str]:
         f"GRANT SELECT, INSERT ON {s}.events TO {role}",
         f"GRANT SELECT, UPDATE ON {s}.head TO {role}",
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.snapshots TO {role}",
+        f"GRANT SELECT, INSERT, UPDATE ON {s}.host_leases TO {role}",
         f"GRANT CREATE ON SCHEMA {s} TO {role}",
         f"GRANT EXECUTE ON FUNCTION {s}.advance_head(bigint, bytea, bigint, bytea, text) TO {role}",
     ]

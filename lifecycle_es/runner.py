@@ -30,11 +30,13 @@ from .canonical import canonical_ms, parse_iso_ms, receipt_digest, timestamp
 from .draft import RunnerDraft, new_draft, thaw
 from .errors import AuthorityError, InvalidInputError, LifecycleError, StaleFenceError
 from .events import (
+    FENCED_EVENTS,
     RUNNER_SCHEMA,
     DrainExpired,
     DrainRequested,
     Event,
     HookAuthorized,
+    HostLeaseAcquired,
     LeaseAcquired,
     LeaseParked,
     LeaseSettled,
@@ -60,6 +62,7 @@ from .fences import (
     stale_generation,
     stale_state,
 )
+from .host_rules import fenced, host_lease_acquired
 from .state import Drain, Lease, ProxyRef, RunnerState
 from .units import UNIT_HANDLERS, forget_start
 from .values import DIGEST_RE, ID_RE, ProxyAuthority, Resources, safe_digest, safe_id, safe_path, safe_target, shown
@@ -129,7 +132,7 @@ def start(event: Event, at: str, stream: str | None = None) -> RunnerDraft:
         policy_revision=1, base_dir=event.base_dir, resources=event.resources,
         proxy_authority=ProxyRef(id="unbound", revision=0),
         post_session_hook_digest=event.post_session_hook_digest, drain=None, updated_at=at, pending_park=None,
-        last_at=at, units_starting=(),
+        last_at=at, units_starting=(), host_holder=None, host_token=0,
     )
 
 
@@ -403,7 +406,7 @@ def _canonical(value: str, field: str) -> int:
     return parse_iso_ms(value)
 
 
-_HANDLERS: dict[type[Event], Callable[[RunnerDraft, Any, int, str], None]] = {
+_RULES: dict[type[Event], Callable[[RunnerDraft, Any, int, str], None]] = {
     RunnerInitialized: _initialized_again,
     LeaseAcquired: _lease_acquired,
     ProxyRotated: _proxy_rotated,
@@ -415,5 +418,8 @@ _HANDLERS: dict[type[Event], Callable[[RunnerDraft, Any, int, str], None]] = {
     ReclaimBegun: _reclaim_begun,
     ReclaimCompleted: _reclaim_completed,
     HookAuthorized: _hook_authorized,
+    HostLeaseAcquired: host_lease_acquired,
     **UNIT_HANDLERS,
 }
+# A host event is checked against the runner's host lease token before its own rule.
+_HANDLERS = {kind: fenced(rule) if kind in FENCED_EVENTS else rule for kind, rule in _RULES.items()}

@@ -21,7 +21,7 @@ from typing import Any, Literal, cast
 
 import apsw
 
-from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Row, Tail
+from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, HostLeaseRow, Row, Tail
 from .errors import IntegrityError, StoreFencedError, StoreFormatError, StoreIOError
 from .sqlite_errors import SYNC_FAILURES, translated, translation
 from .sqlite_files import ROW_COLUMNS, check_path, create_file, read_only_fs
@@ -400,6 +400,20 @@ class SqliteBackend(ReadModelTables):
             rows = self.conn.execute(
                 "SELECT version, seq, state, event_hash FROM snapshots WHERE stream = ?", (stream,)).fetchall()
         return cast("tuple[int, int, bytes, bytes]", rows[0]) if rows else None
+
+    def host_lease(self, stream: str) -> HostLeaseRow | None:
+        """(holder, token, expires_ms) of the runner's host lease, or None. A primary key lookup."""
+        with translated("read the host lease"):
+            rows = self.conn.execute("SELECT holder, token, expires_ms FROM host_leases WHERE stream = ?",
+                                     (stream,)).fetchall()
+        return cast("HostLeaseRow", rows[0]) if rows else None  # STRICT: TEXT, INTEGER, INTEGER
+
+    def put_host_lease(self, stream: str, holder: str, token: int, expires_ms: int) -> None:
+        """Insert or replace the runner's host lease row (inside a write transaction)."""
+        self.conn.execute(
+            "INSERT INTO host_leases (stream, holder, token, expires_ms) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (stream) DO UPDATE SET holder = excluded.holder, token = excluded.token,"
+            " expires_ms = excluded.expires_ms", (stream, holder, token, expires_ms))
 
     def put_snapshot(self, stream: str, version: int, seq: int, state: bytes, event_hash: bytes) -> None:
         """Insert or replace a stream's snapshot (inside a write transaction)."""

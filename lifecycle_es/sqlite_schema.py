@@ -20,7 +20,7 @@ from .errors import StoreFormatError
 from .values import shown
 
 APPLICATION_ID = 0x4C434553  # "LCES"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # The migration ladder: MIGRATIONS[n] takes a store at user_version n-1 to n, in one transaction.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -49,6 +49,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         " state BLOB NOT NULL,"
         " event_hash BLOB NOT NULL) STRICT",
     ),
+    3: (
+        "CREATE TABLE host_leases ("
+        " stream TEXT PRIMARY KEY,"
+        " holder TEXT NOT NULL,"
+        " token INTEGER NOT NULL,"
+        " expires_ms INTEGER NOT NULL) STRICT",
+    ),
 }
 
 # (name, declared type, not null, primary key) of every column of the store's own tables, as MIGRATIONS
@@ -61,6 +68,8 @@ STORE_TABLES: dict[str, tuple[tuple[str, str, bool, bool], ...]] = {
     "snapshots": (("stream", "TEXT", True, True), ("version", "INTEGER", True, False),
                   ("seq", "INTEGER", True, False), ("state", "BLOB", True, False),
                   ("event_hash", "BLOB", True, False)),
+    "host_leases": (("stream", "TEXT", True, True), ("holder", "TEXT", True, False), ("token", "INTEGER", True, False),
+                    ("expires_ms", "INTEGER", True, False)),
 }
 
 
@@ -78,7 +87,7 @@ def _store_objects() -> dict[tuple[str, str], tuple[str, str | None]]:
             _, kind, name = statement.split(maxsplit=3)[:3]
             table = name if kind == "TABLE" else statement.split(" ON ", 1)[1].split(maxsplit=1)[0]
             objects[(kind.lower(), name)] = (table, statement)
-    for table in ("meta", "events", "snapshots"):
+    for table in ("meta", "events", "snapshots", "host_leases"):
         objects[("index", f"sqlite_autoindex_{table}_1")] = (table, None)
     return objects
 

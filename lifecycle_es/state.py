@@ -63,7 +63,9 @@ class RunnerState(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     ``last_at`` is when the stream's last event was stamped (unit facts included, which leave
     ``updated_at`` alone; None in a state stored before it was kept: then ``updated_at``), so no event
     may be stamped before it. ``units_starting`` holds the unit starts announced and not yet followed
-    by their outcome, one per lease at most, each of an active lease.
+    by their outcome, one per lease at most, each of an active lease. ``host_holder`` and
+    ``host_token`` are the runner's host lease as its last ``HostLeaseAcquired`` took it (None and 0
+    before any): every host event after it carries that token.
     Besides its fields a state may carry a `_LeaseIndex` in its ``__dict__`` (``dict=True``): derived
     from ``leases``, never encoded, compared or hashed, it spares the rules a scan of every retained
     lease per event.
@@ -85,6 +87,8 @@ class RunnerState(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     pending_park: str | None = None
     last_at: str | None = None
     units_starting: tuple[UnitIntent, ...] = ()
+    host_holder: str | None = None
+    host_token: int = 0
 
     def lease(self, lease_id: str) -> Lease | None:
         """The retained lease with this id, if any."""

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import chain
-from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, Row
+from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, HostLeaseRow, Row
 from .backends import is_url, open_backend
 from .canonical import MAX_EPOCH_MS, iso_ms, timestamp
 from .errors import (
@@ -346,6 +346,10 @@ class EventStore:
         """Every stream id in the log, sorted."""
         return self._backend.streams()
 
+    def host_lease(self, stream: str) -> HostLeaseRow | None:
+        """The runner's host lease as stored, (holder, token, expires_ms by the store's clock), or None."""
+        return self._backend.host_lease(safe_id(stream, "stream"))
+
     def schema_problems(self) -> list[str]:
         """How the file's schema differs from what the store made (empty when exact).
 
@@ -545,6 +549,14 @@ class WriteTransaction:
     def read_stream(self, stream: str, *, after_version: int = 0) -> Iterable[RecordedEvent]:
         """The stream's events after a version, as of this transaction."""
         return self._store.read_stream(stream, after_version=after_version)
+
+    def host_lease(self, stream: str) -> HostLeaseRow | None:
+        """The runner's host lease row as of this transaction (read under the lock; see `lifecycle_es.host_lease`)."""
+        return self._store._backend.host_lease(stream)
+
+    def put_host_lease(self, stream: str, holder: str, token: int, expires_ms: int) -> None:
+        """Write the runner's host lease row in this transaction (a renewal is no event)."""
+        self._store._backend.put_host_lease(stream, holder, token, expires_ms)
 
     def append(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
                at: str | None = None) -> list[RecordedEvent]:

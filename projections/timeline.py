@@ -84,11 +84,13 @@ class _Facts(_LeaseFacts, kw_only=True):
     wake_at: int | None = None
     unit: str | None = None
     proxy_authority: _Proxy | None = None
+    holder: str | None = None
+    token: int | None = None
 
 
 _FACTS = msgspec.json.Decoder(_Facts)
 _LEASE_FACTS = msgspec.json.Decoder(_LeaseFacts)
-_SHOWN = ("reason", "cause", "signal", "outcome", "code", "generation", "deadline_at", "lease_id")
+_SHOWN = ("reason", "cause", "signal", "outcome", "code", "generation", "deadline_at", "lease_id", "holder", "token")
 
 
 def describe(type_: str, seq: int, at: str, facts: _Facts) -> str:

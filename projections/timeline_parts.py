@@ -39,6 +39,7 @@ MARKS: dict[str, MarkKind] = {
     "ReclaimBegun": MarkKind("reclaim", "reclaim begun", "runner", "circle", "#0060a0"),
     "ReclaimCompleted": MarkKind("reclaimed", "reclaim completed", "runner", "ring", "#0060a0"),
     "ProxyRotated": MarkKind("rotation", "proxy rotated", "runner", "diamond", "#6a3d9a"),
+    "HostLeaseAcquired": MarkKind("host-lease", "host driver took the runner", "runner", "triangle-up", "#8c6d00"),
     "LeaseParked": MarkKind("park", "lease parked", "lease", "square", "#404040"),
     "HookAuthorized": MarkKind("hook", "post-session hook authorized", "lease", "triangle-up", "#00734f"),
     "UnitSignalled": MarkKind("signal", "unit signalled", "unit", "cross", "#c00000"),

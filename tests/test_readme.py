@@ -31,3 +31,13 @@ def test_readme_usage_example_runs() -> None:
     assert lines[2].startswith("VerifyReport(events=5, streams=1")
     assert lines[3] == ("True {'schema': True, 'chain': True, 'rules': True, 'snapshots': None, "
                         "'read_models': None, 'seal': None}")
+
+
+def test_the_host_driver_unit_file_restarts_on_failure_but_never_on_fenced_or_held() -> None:
+    from lifecycle_es.errors import EXIT_FENCED, EXIT_HELD
+
+    (unit,) = re.findall(r"```ini\n(.*?)```", README.read_text(), flags=re.S)
+    settings = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
+    assert settings["Type"] == "notify" and settings["Restart"] == "on-failure"
+    assert set(settings["RestartPreventExitStatus"].split()) == {str(EXIT_FENCED), str(EXIT_HELD)}
+    assert "lifecycle-es host" in settings["ExecStart"] and settings["KillMode"] == "process"

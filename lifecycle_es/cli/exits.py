@@ -15,8 +15,10 @@ The codes follow sysexits, as `lifecycle_es.errors` does for processes that stop
     70  EXIT_SOFTWARE    a bug: something raised that nothing here expected
     73  EXIT_CANTCREAT   an output file exists already (export, import never overwrite)
     74  EXIT_IOERR       the operating system failed a read or a write (or the disk is full)
-    75  EXIT_FENCED      the store was fenced
-    76  EXIT_HELD        the store's lock is held elsewhere (busy timeout passed)
+    75  EXIT_FENCED      the store was fenced; `host`: a runner's host lease was lost (another holder
+                         took it, or it was not renewed by the driver's local deadline)
+    76  EXIT_HELD        the store's lock is held elsewhere (busy timeout passed); `host --no-wait`: a
+                         runner's host lease is held by another live driver
     77  EXIT_NOPERM      a keyed store without its key (or with the wrong one)
     130                  interrupted (SIGINT) where a command does not treat it as its end
 
@@ -35,6 +37,8 @@ from lifecycle_es.errors import (
     EXIT_FENCED,
     EXIT_HELD,
     EXIT_SOFTWARE,
+    HostFencedError,
+    HostLeaseHeldError,
     IntegrityError,
     InvalidInputError,
     LifecycleError,
@@ -153,9 +157,9 @@ def _code(exc: BaseException) -> int:
         return EXIT_DATAERR
     if isinstance(exc, StoreKeyError):
         return EXIT_NOPERM
-    if isinstance(exc, StoreBusyError):
+    if isinstance(exc, StoreBusyError | HostLeaseHeldError):
         return EXIT_HELD
-    if isinstance(exc, StoreFencedError):
+    if isinstance(exc, StoreFencedError | HostFencedError):
         return EXIT_FENCED
     if isinstance(exc, StoreFullError | StoreIOError):
         return EXIT_IOERR

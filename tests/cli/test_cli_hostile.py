@@ -31,6 +31,7 @@ from fleets import (
 )
 
 from lifecycle_es import chain
+from lifecycle_es.sqlite_schema import SCHEMA_VERSION
 from lifecycle_es.walk import split
 
 FleetLog = tuple[Path, dict[str, int]]
@@ -68,7 +69,7 @@ def test_a_file_with_our_header_but_foreign_tables(tmp_path: Path) -> None:
     conn = apsw.Connection(str(impostor))
     conn.execute("PRAGMA journal_mode=wal")
     conn.execute("PRAGMA application_id=0x4C434553")
-    conn.execute("PRAGMA user_version=2")
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value)")
     conn.execute("CREATE TABLE events (seq INTEGER PRIMARY KEY, stream, version, type, at, body, prev, hash)")
     conn.execute("CREATE TABLE snapshots (stream TEXT PRIMARY KEY, version, seq, state, event_hash)")

@@ -280,6 +280,14 @@ def test_a_new_kind_of_mark_is_one_line_in_the_table(monkeypatch: pytest.MonkeyP
     assert any(text.text == "host lease taken over" for text in root.iter(f"{SVG}text"))  # in the legend
 
 
+def test_a_host_driver_taking_the_runner_is_a_mark_on_its_runner() -> None:
+    start = 1_767_225_600_000
+    events = [_recorded(1, "runner-a", "RunnerInitialized", start, {}),
+              _recorded(2, "runner-a", "HostLeaseAcquired", start + 1000, {"holder": "host-b/boot/i", "token": 2})]
+    (mark,) = shapes(parsed(timeline_svg(events)), "mark-host-lease")
+    assert mark.get("data-seq") == "2" and "holder host-b/boot/i · token 2" in (mark.findtext(f"{SVG}title") or "")
+
+
 def test_a_long_stream_keeps_the_window_and_what_was_open_at_its_start() -> None:
     # 20,000 short leases; one long lease acquired first and still open through the window; the window
     # in the middle. The long lease is drawn (it overlaps the window), with the last leases of the window.

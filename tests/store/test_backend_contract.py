@@ -247,6 +247,30 @@ class BackendContract:
             backend.clear_snapshots()
         assert backend.snapshot("a") is None and backend.snapshot_positions() == []
 
+    def test_host_leases_are_put_replaced_and_read_per_runner(self) -> None:
+        backend = self.connect()
+        assert backend.host_lease("a") is None
+        with backend.write("take"):
+            backend.put_host_lease("a", "host-1/boot/i1", 1, 15_000)
+            backend.put_host_lease("b", "host-2/boot/i2", 7, 9_000)
+            assert backend.host_lease("a") == ("host-1/boot/i1", 1, 15_000)  # seen inside the transaction
+        with backend.write("take over"):
+            backend.put_host_lease("a", "host-3/boot/i3", 2, 40_000)
+        assert backend.host_lease("a") == ("host-3/boot/i3", 2, 40_000)
+        assert backend.host_lease("b") == ("host-2/boot/i2", 7, 9_000)
+        assert backend.schema_problems() == []
+
+    def test_a_host_lease_row_is_what_another_connection_committed_and_a_failed_write_keeps_none(self) -> None:
+        mine, other = self.connect(), self.connect()
+        with other.write("take"):
+            other.put_host_lease("a", "host-1/boot/i1", 3, 15_000)
+        with mine.write("check"):
+            assert mine.host_lease("a") == ("host-1/boot/i1", 3, 15_000)
+        with pytest.raises(RuntimeError), mine.write("renew"):
+            mine.put_host_lease("a", "host-1/boot/i1", 3, 99_000)
+            raise RuntimeError("the block failed")
+        assert other.host_lease("a") == ("host-1/boot/i1", 3, 15_000)
+
     def test_read_model_tables_are_created_kept_and_dropped(self) -> None:
         backend = self.connect()
         assert backend.read_model_position() is None and backend.read_model_rows("runners") == []

@@ -680,7 +680,8 @@ def test_version_1_file_is_migrated(tmp_path: Path) -> None:
     with EventStore.open(path) as store:
         assert store.backend.execute("PRAGMA user_version")[0][0] == SCHEMA_VERSION
         tables = {row[0] for row in store.backend.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
-        assert {"meta", "events", "snapshots"} <= tables
+        assert {"meta", "events", "snapshots", "host_leases"} <= tables
+        assert store.schema_problems() == [] and store.host_lease("runner-1") is None
         assert store.store_id == store_id
         assert [r.event for r in store.read()] == events
         assert store.verify().events == 2
