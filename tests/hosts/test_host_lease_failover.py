@@ -1,4 +1,5 @@
-"""One driver acts per runner, with real ``lifecycle-es host`` processes (issue 13, item 2; SQLite).
+"""One driver acts per runner, with real ``lifecycle-es host`` processes, on a store file and on a
+PostgreSQL server.
 
 Three hosts for one runner: exactly one takes the host lease and acts, the others stand by. The holder
 is paused (SIGSTOP) past its lease's ttl: a standby takes over; resumed (SIGCONT), the old holder
@@ -28,12 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import apsw
+import psycopg
 import pytest
 from waiting import wait_for
 
 from hosts.lease import holder_name
 from hosts.local import LocalHost
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
+from lifecycle_es.backends import is_url, server_target
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import HostLeaseAcquired
 from lifecycle_es.lifecycle import DEFAULT_TTL_MS
@@ -91,7 +94,7 @@ class Host:
 
 @dataclass
 class Runner:
-    db: Path
+    db: str
     record: Path
     base: Path
     lease_ids: list[str]
@@ -138,11 +141,11 @@ class Runner:
         return sum(1 for what, _, _, tok, _, _ in self.records() if what == "start" and tok == token)
 
 
-@pytest.fixture
-def runner(tmp_path: Path) -> Iterator[Runner]:
+@pytest.fixture(params=["sqlite", "postgres"])
+def runner(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runner]:
     base = tmp_path / "base"
     base.mkdir()
-    db = tmp_path / "runners.db"
+    db = request.getfixturevalue("pg_url") if request.param == "postgres" else str(tmp_path / "runners.db")
     made = Runner(db, tmp_path / "units.record", base, [])
     try:
         yield made
@@ -212,9 +215,15 @@ def held(lock: Path) -> bool:
     return False
 
 
-def db_locked(db: Path) -> bool:
-    """Whether another connection holds the store's write lock (probed without waiting)."""
-    conn = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READWRITE)
+def db_locked(db: str) -> bool:
+    """Whether another connection holds the store's write lock (probed without waiting); on a server,
+    whether any session sits inside a transaction (a paused process holding the head row would)."""
+    if is_url(db):
+        with psycopg.connect(server_target(db).conninfo, autocommit=True) as probe:
+            row = probe.execute("SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                                " AND state LIKE 'idle in transaction%%'").fetchone()
+        return bool(row and row[0])
+    conn = apsw.Connection(db, flags=apsw.SQLITE_OPEN_READWRITE)
     try:
         conn.execute("BEGIN IMMEDIATE")
     except apsw.BusyError:
@@ -224,6 +233,25 @@ def db_locked(db: Path) -> bool:
             conn.execute("ROLLBACK")
         conn.close()
     return False
+
+
+@contextlib.contextmanager
+def write_lock_held(db: str) -> Iterator[None]:
+    """Hold the store's write lock from another connection (on a server: its head row, FOR UPDATE)."""
+    if is_url(db):
+        target = server_target(db)
+        with psycopg.connect(target.conninfo) as blocker:
+            blocker.execute(f"SELECT seq FROM {target.schema}.head FOR UPDATE")  # type: ignore[arg-type]
+            yield
+            blocker.rollback()
+        return
+    blocker = apsw.Connection(db, flags=apsw.SQLITE_OPEN_READWRITE)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        yield
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
 
 
 def assert_no_overlap(runner: Runner) -> None:
@@ -327,13 +355,8 @@ def test_a_holder_that_cannot_renew_by_its_local_deadline_stops_and_exits_75(run
     host = runner.start_host()
     assert wait_for(lambda: host.events("acting"), 30)
     # The store's write lock held elsewhere: no renewal can land, so the driver's own deadline decides.
-    blocker = apsw.Connection(str(runner.db), flags=apsw.SQLITE_OPEN_READWRITE)
-    try:
-        blocker.execute("BEGIN IMMEDIATE")
+    with write_lock_held(runner.db):
         assert host.process.wait(timeout=30) == 75
-    finally:
-        blocker.execute("ROLLBACK")
-        blocker.close()
     (fenced,) = host.events("fenced")
     assert "not renewed by its local deadline" in str(fenced["reason"]), fenced
     assert [line[0] for line in runner.records()] == ["start"]  # its unit was left alone, for the next holder
