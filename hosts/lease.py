@@ -140,6 +140,20 @@ class LeaseKeeper:
             return 0.0
         return max(0.0, self._deadline - self._clock())
 
+    def overdue(self, seconds: float) -> HostFencedError | None:
+        """The fence for a lease held, not yet fenced, whose local deadline passed more than `seconds` ago,
+        or None. The serving loop fences a lease at its next turn after the deadline; one still unfenced so
+        long after it means the loop is stuck (a read that never returns: the server cut off)."""
+        grant = self._grant
+        if grant is None or self._fence is not None:
+            return None
+        late = self._clock() - self._deadline
+        if late <= seconds:
+            return None
+        return HostFencedError(self.runner_id, self.holder, grant.token,
+                               f"not renewed by its local deadline ({late * 1000:.0f} ms ago), and the serving "
+                               "loop is stuck (the store does not answer)")
+
     def ready(self) -> bool:
         """Whether units may be touched: held, and the previous holder's expiry plus the grace passed."""
         return self._grant is not None and self._clock() >= self._ready

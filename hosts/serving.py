@@ -62,7 +62,7 @@ class HostServer:
     def __init__(self, store: EventStore, lifecycles: Sequence[RunnerLifecycle], *,
                  make_host: Callable[[RunnerLifecycle, LeaseKeeper], LocalHost], holder: str, ttl_ms: int,
                  grace_ms: int, tick: float = 1.0, poll_interval: float = 0.05, no_wait: bool = False,
-                 report: Report | None = None) -> None:
+                 report: Report | None = None, on_stuck: Callable[[HostFencedError], None] | None = None) -> None:
         self.store = store
         self._make_host = make_host
         self.holder = holder
@@ -70,6 +70,9 @@ class HostServer:
         self.poll_interval = poll_interval
         self.no_wait = no_wait
         self._report = report or (lambda kind, fields: None)
+        # Called from a watchdog thread when a lease's deadline passed and the loop, blocked in a call to
+        # the store, did not fence it: the caller stops the process (the CLI exits 75 at once).
+        self._on_stuck = on_stuck
         self.slots = [_Slot(lifecycle, LeaseKeeper(lifecycle, holder=holder, ttl_ms=ttl_ms, grace_ms=grace_ms))
                       for lifecycle in lifecycles]
 
@@ -89,6 +92,9 @@ class HostServer:
         """
         renewer = LeaseRenewer(self.store.path, self.keepers, on_error=self._renew_failed,
                                on_renewed=self._renewed).start()
+        done = threading.Event()
+        if self._on_stuck is not None:
+            threading.Thread(target=self._watch, args=(done,), name="lease-watchdog", daemon=True).start()
         code = EXIT_OK
         try:
             while not stop.is_set():
@@ -115,6 +121,7 @@ class HostServer:
                     slot.keeper.fence(fenced)
             self._report("fenced", {"runner": fenced.runner_id, "token": fenced.token, "reason": fenced.reason})
         finally:
+            done.set()
             renewer.close()
             for slot in self.slots:
                 if slot.host is not None:
@@ -124,6 +131,18 @@ class HostServer:
                     slot.keeper.release()
                     self._report("released", {"runner": slot.keeper.runner_id, "token": grant.token})
         return code
+
+    def _watch(self, done: threading.Event) -> None:
+        """Hand a lease the loop failed to fence in time (it is stuck in a call) to `on_stuck`."""
+        allowance = 2 * max(self.tick, self.poll_interval) + 1.0
+        while not done.wait(0.1):
+            for keeper in self.keepers:
+                stuck = keeper.overdue(allowance)
+                if stuck is not None and self._on_stuck is not None:
+                    keeper.fence(stuck)
+                    self._report("fenced", {"runner": stuck.runner_id, "token": stuck.token, "reason": stuck.reason})
+                    self._on_stuck(stuck)
+                    return
 
     def _take(self, slot: _Slot) -> bool:
         keeper = slot.keeper

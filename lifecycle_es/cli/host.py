@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .access import read_signer, require_file
-from .exits import EXIT_USAGE, CommandError, no_runner
+from .exits import EXIT_FENCED, EXIT_USAGE, CommandError, no_runner
 from .options import runner_id
 
 
@@ -135,7 +135,7 @@ def run_host(args: argparse.Namespace) -> int:
 
         server = HostServer(store, lifecycles, make_host=make_host, holder=holder,
                             ttl_ms=args.host_lease_ttl_ms, grace_ms=args.host_lease_grace_ms, tick=args.tick,
-                            no_wait=args.no_wait, report=log.report)
+                            no_wait=args.no_wait, report=log.report, on_stuck=_exit_fenced)
         metrics = None
         if args.metrics:
             from .metrics import HostMetrics
@@ -152,6 +152,13 @@ def run_host(args: argparse.Namespace) -> int:
             notifier.send("STOPPING=1")
     log.report("stopped", {"exit": code})
     return code
+
+
+def _exit_fenced(_: Exception) -> None:
+    """Exit 75 now: a lease's deadline passed while the serving loop is blocked on the store (cut off from
+    it), so nothing may wait for that call to return. Units keep running for the next holder to adopt."""
+    sys.stdout.flush()
+    os._exit(EXIT_FENCED)
 
 
 def _pinger(notifier: Any) -> Any:

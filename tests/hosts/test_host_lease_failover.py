@@ -31,6 +31,7 @@ from pathlib import Path
 import apsw
 import psycopg
 import pytest
+from pg import Blackhole, Server
 from waiting import wait_for
 
 from hosts.lease import holder_name
@@ -360,3 +361,43 @@ def test_a_holder_that_cannot_renew_by_its_local_deadline_stops_and_exits_75(run
     (fenced,) = host.events("fenced")
     assert "not renewed by its local deadline" in str(fenced["reason"]), fenced
     assert [line[0] for line in runner.records()] == ["start"]  # its unit was left alone, for the next holder
+
+
+def test_a_holder_cut_off_from_the_server_self_fences_and_the_standby_takes_over(
+        pg_server: Server, pg_url: str, tmp_path: Path) -> None:
+    """The holder's connections pass through a relay the test silences (a network partition: no error, no
+    close, every read waits): it stops acting by its own deadline and exits 75; the standby, which still
+    reaches the server, takes the lease once it expired and drives the units on."""
+    base = tmp_path / "base"
+    base.mkdir()
+    runner = Runner(pg_url, tmp_path / "units.record", base, [])
+    relay = Blackhole(pg_server)
+    try:
+        leased_units(runner, "cycle", 1)
+        runner.db = relay.url(pg_url)
+        holder = runner.start_host()
+        assert wait_for(lambda: holder.events("acting"), 30), holder.lines
+        runner.db = pg_url
+        standby = runner.start_host()
+        assert wait_for(lambda: standby.events("standby"), 30), standby.lines
+        first = runner.acquisitions()[-1][1]
+        relay.cut()
+        assert holder.process.wait(timeout=60) == 75
+        assert wait_for(lambda: holder.events("fenced"))
+        assert wait_for(lambda: len(runner.acquisitions()) == 3, 30)
+        second = runner.acquisitions()[-1][1]
+        assert second.token == first.token + 1 and second.holder != first.holder
+        assert wait_for(lambda: runner.starts(second.token) >= 1, 30), runner.records()
+        assert_no_overlap(runner)
+        standby.process.send_signal(signal.SIGTERM)
+        assert standby.process.wait(timeout=30) == 0
+    finally:
+        for host in runner.hosts:
+            if host.process.poll() is None:
+                host.process.kill()
+            host.process.wait(timeout=30)
+        for line in runner.records():
+            if line[0] == "start":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(line[4], signal.SIGKILL)
+        relay.close()
