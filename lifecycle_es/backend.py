@@ -33,8 +33,8 @@ class Savepoint(Protocol):
     lost: bool
     """Set when the block raised and the database had ended the whole transaction under it."""
 
-    def __enter__(self) -> object:
-        """Set the savepoint."""
+    def __enter__(self) -> Savepoint:
+        """Set the savepoint; it is its own value (``with backend.savepoint(...) as savepoint``)."""
         ...
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool | None:

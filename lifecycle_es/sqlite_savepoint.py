@@ -40,11 +40,12 @@ class SqliteSavepoint:
         self.action = action
         self.lost = False
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> SqliteSavepoint:
         try:
             self.backend.conn.execute(f"SAVEPOINT {_NAME}")
         except apsw.Error as exc:
             raise translation(self.action, exc) from exc
+        return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: object) -> Literal[False]:

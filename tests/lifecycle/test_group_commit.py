@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from waiting import wait_for
+from holding import Held
 
 import projections
 from lifecycle_es import EventStore, RunnerLifecycle, StaleFenceError, StoreError, audit
@@ -79,47 +79,6 @@ def made(tmp_path: Path, base_dir: Path) -> Path:
         for runner_id in RUNNERS:
             handle(store, base_dir, runner_id).initialize()
     return path
-
-
-class Held:
-    """A writer stopped inside a first command until `release`; the commands queued meanwhile form one batch."""
-
-    def __init__(self, store: EventStore) -> None:
-        self.store = store
-        self.entered = threading.Event()
-        self.gate = threading.Event()
-        self.threads: list[threading.Thread] = []
-        self.outcomes: dict[str, Any] = {}
-        self.run("gate", lambda: store.commit("gate", self._wait))
-        assert self.entered.wait(20)
-
-    def _wait(self, tx: WriteTransaction) -> None:
-        self.entered.set()
-        assert self.gate.wait(20)
-
-    def run(self, name: str, call: Callable[[], Any]) -> None:
-        def target() -> None:
-            try:
-                self.outcomes[name] = call()
-            except Exception as exc:  # the outcome the test asserts on
-                self.outcomes[name] = exc
-
-        thread = threading.Thread(target=target, name=name)
-        self.threads.append(thread)
-        thread.start()
-
-    def queue(self, name: str, call: Callable[[], Any]) -> None:
-        """Start `call` in a thread and wait until it waits in the queue (so the batch's order is known)."""
-        queued = self.store.group_commit.queued
-        self.run(name, call)
-        assert wait_for(lambda: self.store.group_commit.queued == queued + 1)
-
-    def release(self) -> dict[str, Any]:
-        self.gate.set()
-        for thread in self.threads:
-            thread.join(60)
-            assert not thread.is_alive()
-        return self.outcomes
 
 
 def test_n_threads_times_m_commands_all_land_and_the_caches_stay_proved(tmp_path: Path, base_dir: Path) -> None:
