@@ -220,3 +220,34 @@ def test_tune_refuses_bounds_it_cannot_keep(lifecycle_store: EventStore) -> None
         assert caught.value.field == field
     group.tune(max_batch=1, linger_ms=0)
     assert (group.max_batch, group.linger_ms) == (1, 0.0)
+
+
+def test_a_reader_in_another_thread_never_sees_a_batch_in_flight(made: Path, base_dir: Path) -> None:
+    with EventStore.open(made, now=FakeClock()) as store:
+        head = store.head()
+        b = handle(store, base_dir, "runner-b")
+        state = b.state()
+        entered, gate = threading.Event(), threading.Event()
+        lease = LeaseAcquired(lease_id="lease-x", session_id="s-x", lease_generation=1, issued_at=iso_ms(START_MS),
+                              expires_at=iso_ms(START_MS + HOUR), proxy_authority=proxy())
+
+        def appends_then_fails(tx: WriteTransaction) -> None:
+            tx.append("runner-b", [lease], expected_version=1)  # in the file's transaction, not committed
+            entered.set()
+            assert gate.wait(20)
+            raise RuntimeError("rolled back")
+
+        writer = threading.Thread(target=lambda: pytest.raises(RuntimeError, store.commit, "write", appends_then_fails))
+        writer.start()
+        assert entered.wait(20)
+        seen: dict[str, Any] = {}
+        reader = threading.Thread(target=lambda: seen.update(
+            head=store.head(), events=len(list(store.read())), state=handle(store, base_dir, "runner-b").state()))
+        reader.start()
+        # Without the store's lock the reader returns at once with the uncommitted lease; with it, it waits.
+        reader.join(0.5)
+        gate.set()
+        writer.join(20)
+        reader.join(20)
+        assert seen == {"head": head, "events": head.seq, "state": state}
+        assert b.state() == state
