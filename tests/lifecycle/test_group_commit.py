@@ -237,7 +237,15 @@ def test_a_reader_in_another_thread_never_sees_a_batch_in_flight(made: Path, bas
             assert gate.wait(20)
             raise RuntimeError("rolled back")
 
-        writer = threading.Thread(target=lambda: pytest.raises(RuntimeError, store.commit, "write", appends_then_fails))
+        failed: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                store.commit("write", appends_then_fails)
+            except RuntimeError as exc:
+                failed.append(exc)
+
+        writer = threading.Thread(target=write)
         writer.start()
         assert entered.wait(20)
         seen: dict[str, Any] = {}
@@ -250,4 +258,4 @@ def test_a_reader_in_another_thread_never_sees_a_batch_in_flight(made: Path, bas
         writer.join(20)
         reader.join(20)
         assert seen == {"head": head, "events": head.seq, "state": state}
-        assert b.state() == state
+        assert b.state() == state and len(failed) == 1
