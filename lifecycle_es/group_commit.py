@@ -25,7 +25,6 @@ less than `linger_ms` ago. A store that was idle never lingers.
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections import deque
@@ -64,11 +63,19 @@ class _Caller:
         if not self.shared:
             raise error
         # Each caller raises its own copy: one exception raised in many threads would share a traceback.
-        try:
-            mine = copy.copy(error)
-        except Exception:  # an exception whose arguments do not rebuild it: raise the one there is
-            raise error from None
-        raise mine from error
+        raise _copy(error) from error
+
+
+def _copy(error: BaseException) -> BaseException:
+    """The same exception as a new object: its args and fields, without running its ``__init__`` again
+    (which would wrap a message already made, as StoreFencedError's does)."""
+    kind = type(error)
+    try:
+        clone = kind.__new__(kind, *error.args)
+        clone.__dict__.update(error.__dict__)
+    except Exception:  # an exception that cannot be made so: raise the one there is
+        return error
+    return clone
 
 
 class GroupCommit:

@@ -124,3 +124,17 @@ def test_a_full_disk_at_commit_fails_the_batch_and_no_handle_keeps_what_it_read_
             lease.session_id for lease in projections.replay(store)["runner-a"].leases]
         assert receipt.lease.session_id == "s-2"
         store.verify()
+
+
+def test_a_store_fenced_while_a_batch_waited_fails_each_command_with_its_own_fence(path: Path, tmp_path: Path) -> None:
+    with EventStore.open(path, now=FakeClock()) as store:
+        a, b = handle(store, tmp_path, "runner-a"), handle(store, tmp_path, "runner-b")
+        held = Held(store)
+        held.queue("a", lambda: a.request_drain(expected_generation=1))
+        held.queue("b", lambda: b.request_drain(expected_generation=1))
+        store.fence("the test fenced it")
+        outcomes = held.release()
+        errors = [outcomes["a"], outcomes["b"]]
+        assert all(type(error) is StoreFencedError for error in errors) and errors[0] is not errors[1]
+        assert [str(error) for error in errors] == ["the store is fenced: the test fenced it"] * 2
+        assert [error.cause for error in errors] == ["the test fenced it"] * 2
