@@ -24,6 +24,7 @@ from holding import Held
 import projections
 from lifecycle_es import (
     EventStore,
+    InvalidInputError,
     RunnerLifecycle,
     StaleFenceError,
     StoreFencedError,
@@ -81,10 +82,11 @@ def test_an_unknown_commit_outcome_fails_every_command_of_the_batch_and_fences(
         held.queue("a", lambda: a.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy()))
         held.queue("b", lambda: b.request_drain(expected_generation=1))
         held.queue("stale", lambda: b_again.request_drain(expected_generation=1))
-        held.queue("append", lambda: store.append("runner-a", []))  # refused before it reaches the batch
+        held.queue("append", lambda: store.append("runner-a", []))  # bad input: refused inside the batch
         vfs.inject("sync", apsw.SQLITE_IOERR_FSYNC, at=1)
         outcomes = held.release()
         assert isinstance(outcomes["stale"], StaleFenceError)
+        assert isinstance(outcomes["append"], InvalidInputError) and outcomes["append"].field == "events"
         failed = [outcomes["a"], outcomes["b"]]
         assert all(type(error) is StoreIOError and error.outcome_unknown for error in failed), outcomes
         assert failed[0] is not failed[1]  # each caller raises its own
