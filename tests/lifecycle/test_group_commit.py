@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +259,46 @@ def test_a_reader_in_another_thread_never_sees_a_batch_in_flight(made: Path, bas
         reader.join(20)
         assert seen == {"head": head, "events": head.seq, "state": state}
         assert b.state() == state and len(failed) == 1
+
+
+def test_threads_racing_on_one_runner_lose_no_update_and_fence_one_generation(made: Path, base_dir: Path) -> None:
+    racers = 8
+    with EventStore.open(made, now=FakeClock()) as store:
+        projections.attach(store)
+        handles = [RunnerLifecycle(store, **{**RUNNER_DEFAULTS, "runner_id": "runner-a"},  # type: ignore[arg-type]
+                                   base_dir=str(base_dir / "runner-a"), now=FakeClock(),
+                                   random_id=SequentialIds(1000 * (n + 1)), snapshot_every=1)
+                   for n in range(racers)]
+
+        def race(command: Callable[[RunnerLifecycle, int], Any]) -> list[Any]:
+            start = threading.Barrier(racers)
+            outcomes: list[Any] = [None] * racers
+
+            def run(index: int) -> None:
+                start.wait()
+                try:
+                    outcomes[index] = command(handles[index], index)
+                except Exception as exc:  # the outcome the test asserts on
+                    outcomes[index] = exc
+
+            threads = [threading.Thread(target=run, args=(n,)) for n in range(racers)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            return outcomes
+
+        # Distinct sessions do not conflict: every lease is granted, none lost.
+        leases = race(lambda lifecycle, n: lifecycle.acquire_lease(session_id=f"s-{n}", expected_generation=1,
+                                                                   proxy_authority=proxy()))
+        assert not any(isinstance(outcome, Exception) for outcome in leases), leases
+        # One generation: exactly one drain wins, every other raises its own StaleFenceError.
+        drains = race(lambda lifecycle, n: lifecycle.request_drain(expected_generation=1))
+        refused = [outcome for outcome in drains if isinstance(outcome, Exception)]
+        assert len(refused) == racers - 1 and all(type(error) is StaleFenceError for error in refused)
+        assert len({id(error) for error in refused}) == racers - 1
+        state = projections.replay(store)["runner-a"]
+        assert sorted(lease.session_id for lease in state.leases) == sorted(f"s-{n}" for n in range(racers))
+        assert state.state == "draining" and state.generation == 2
+        assert all(lifecycle.state() == state for lifecycle in handles)
+    proved(made)
