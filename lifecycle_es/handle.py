@@ -2,7 +2,8 @@
 
 A handle names one runner (its stream) on an event store, with the identity a caller configured, an
 injected clock and id source, and the runner's state kept in memory between commands. `_commit`
-is the one transaction a command decides in: under the store's write lock it catches the state up
+is the one transaction a command decides in (shared with other threads' commands through the store's
+group commit, under a savepoint of its own): under the store's write lock it catches the state up
 with the log (another process may have moved it), checks the identity, stamps a time never before
 the log's head, lets the command decide its events, applies them through the rules (``runner.py``,
 which raise the fences' errors, ``fences.py``), appends what the rules owe (a park that is due) and

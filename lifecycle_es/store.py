@@ -12,7 +12,9 @@ its canonical ``body`` bytes, and ``prev``/``hash`` links of the chain (see ``ch
 Appends run under the write lock taken up front (``BEGIN IMMEDIATE``): the head and the stream's
 version are read, the new rows chained, inserted and read back (a write the file did not keep is never
 acknowledged), and every attached projector updates its read model, all in one transaction. A batch
-is all or nothing.
+is all or nothing. Threads writing to one store at the same time share transactions, each write under
+a savepoint of its own (`commit`, see ``group_commit.py``); one connection serves them all, so reads
+take its lock in turn and never see a batch in flight.
 
 Time never runs backwards: an event is stamped at least the head's ``at`` (the clock, or the head's
 ``at`` when the clock is behind it), an explicit earlier ``at`` is refused, and `verify` and the audit
