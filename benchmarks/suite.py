@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .measure import Figure, cpu_count, failed, table
 
-MODULES = ("store", "lifecycle", "soak")
+MODULES = ("store", "lifecycle", "throughput", "soak")
 # Modules that run for minutes whatever the mode: --quick leaves them out unless --only names them.
 NOT_QUICK = ("soak",)
 RESULTS = Path(__file__).resolve().parent / "results"

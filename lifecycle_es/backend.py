@@ -31,6 +31,21 @@ PAGE_ROWS = 2000
 PAGE_BYTES = 8 * 1024 * 1024
 
 
+class Savepoint(Protocol):
+    """What `Backend.savepoint` returns: a context manager that says whether the transaction was lost."""
+
+    lost: bool
+    """Set when the block raised and the database had ended the whole transaction under it."""
+
+    def __enter__(self) -> Savepoint:
+        """Set the savepoint; it is its own value (``with backend.savepoint(...) as savepoint``)."""
+        ...
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool | None:
+        """Release it, or roll back to it when the block raised."""
+        ...
+
+
 class Backend(Protocol):
     """A durable, ordered, append-only log of event rows with a write lock, its metadata, snapshots and
     read models. Methods marked "inside a write transaction" are only called within `write`."""
@@ -47,6 +62,14 @@ class Backend(Protocol):
     def write(self, action: str) -> AbstractContextManager[Any]:
         """A transaction that holds the write lock from its first statement to commit (StoreBusyError when
         the lock is not had in time; StoreIOError with ``outcome_unknown`` when a commit's fate is unknown)."""
+        ...
+
+    def savepoint(self, action: str) -> Savepoint:
+        """Inside a write transaction: a nested unit whose writes are kept when its block ends and rolled
+        back alone when it raises, the transaction staying open and the block's exception passing through
+        (a database error translated into its StoreError). When the database ended the whole transaction
+        under it, nothing can be rolled back alone: `Savepoint.lost` is then set and its exit raises a
+        StoreIOError of its own."""
         ...
 
     def read_tx(self, action: str) -> AbstractContextManager[Any]:

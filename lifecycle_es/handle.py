@@ -2,7 +2,8 @@
 
 A handle names one runner (its stream) on an event store, with the identity a caller configured, an
 injected clock and id source, and the runner's state kept in memory between commands. `_commit`
-is the one transaction a command decides in: under the store's write lock it catches the state up
+is the one transaction a command decides in (shared with other threads' commands through the store's
+group commit, under a savepoint of its own): under the store's write lock it catches the state up
 with the log (another process may have moved it), checks the identity, stamps a time never before
 the log's head, lets the command decide its events, applies them through the rules (``runner.py``,
 which raise the fences' errors, ``fences.py``), appends what the rules owe (a park that is due) and
@@ -114,7 +115,8 @@ class RunnerHandle:
         """The runner's state as of the log's current end (reads only the events this handle has not seen).
 
         Inside a write transaction `tx` the stream's version is read through it, under the lock, and
-        the append that follows reuses that read instead of making it again.
+        the append that follows reuses that read instead of making it again. What is read there is kept
+        only once committed (`_keep`): in a batch it may hold writes of others that never commit.
         """
         folded = self._folded
         if folded.state is None:
@@ -122,11 +124,17 @@ class RunnerHandle:
         elif (tx.stream_version(self.runner_id) if tx is not None
               else self.store.stream_version(self.runner_id)) != folded.version:
             folded = load(self.store, self.runner_id, base=folded)
-        self._folded = folded
+        if tx is None:
+            self._folded = folded
         return folded
 
+    def _keep(self, folded: Folded) -> None:
+        """Keep `folded`, read or written in a write transaction that has committed."""
+        self._folded = folded
+
     def _state(self) -> RunnerState:
-        state = self._catch_up().state
+        with self.store.lock:  # committed state only, never a batch another thread has in flight
+            state = self._catch_up().state
         if state is None:
             raise UnknownRunnerError(f"runner {self.runner_id} is not initialized (call initialize() first)")
         self._check_identity(state)
@@ -137,8 +145,13 @@ class RunnerHandle:
 
     def _commit(self, action: str, decide: Callable[[RunnerState, int, str], list[Event]],
                 ) -> tuple[RunnerState, list[RecordedEvent]]:
-        """Decide under the write lock against the current state, apply through the rules, append."""
-        with self.store.transaction(action) as tx:
+        """Decide under the write lock against the current state, apply through the rules, append.
+
+        Runs through `EventStore.commit`, so commands of other threads share its transaction (each
+        under a savepoint); the state is kept once the commit is durable.
+        """
+
+        def work(tx: WriteTransaction) -> tuple[RunnerState, list[RecordedEvent], Folded]:
             current = self._catch_up(tx)
             if current.state is None:
                 raise UnknownRunnerError(f"runner {self.runner_id} is not initialized (call initialize() first)")
@@ -165,7 +178,10 @@ class RunnerHandle:
             folded = Folded(state, recorded[-1].version, recorded[-1].seq)
             if folded.version // self._snapshot_every > current.version // self._snapshot_every:
                 write_snapshot(self.store, self.runner_id, folded, recorded[-1].hash)
-        self._folded = folded
+            return state, recorded, folded
+
+        state, recorded, folded = self.store.commit(action, work)
+        self._keep(folded)
         return state, recorded
 
     def _stamp(self, tx: WriteTransaction, state: RunnerState | None) -> int:

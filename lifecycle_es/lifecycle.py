@@ -61,6 +61,7 @@ from .runner import (
     hook_receipt_material,
 )
 from .state import RunnerState
+from .store import WriteTransaction
 from .values import ProxyAuthority, safe_digest, safe_id, safe_int, shown
 
 DEFAULT_TTL_MS = 10 * 60 * 1000
@@ -108,7 +109,7 @@ class RunnerLifecycle(HostLeaseCommands):
         Appends nothing when the runner exists; a different target or base dir for the same id is a
         LifecycleError ("identity drifted").
         """
-        with self.store.transaction("initialize") as tx:
+        def work(tx: WriteTransaction) -> Folded:
             current = self._catch_up(tx)
             if current.state is None:
                 at = iso_ms(self._stamp(tx, None))
@@ -118,7 +119,10 @@ class RunnerLifecycle(HostLeaseCommands):
                 state = apply(None, event, parse_iso_ms(at), at)
                 recorded = tx.append_unchecked(self.runner_id, [event], expected_version=0, at=at)  # applied just above
                 current = Folded(state, recorded[-1].version, recorded[-1].seq)
-        self._folded = current
+            return current
+
+        current = self.store.commit("initialize", work)
+        self._keep(current)
         made = current.state
         assert made is not None
         self._check_identity(made)

@@ -30,6 +30,7 @@ from .backends import ServerTarget
 from .errors import IntegrityError, StoreBehindSealError, StoreFencedError, StoreFormatError, StoreIOError
 from .postgres_errors import translated, translation
 from .postgres_read_models import ServerReadModelTables
+from .postgres_savepoint import ServerSavepoint
 from .postgres_schema import (
     ROW_COLUMNS,
     check_format,
@@ -146,6 +147,10 @@ class PostgresBackend(ServerReadModelTables):
     def write(self, action: str) -> _ServerTransaction:
         """A write transaction that holds the head row from its first round trip to COMMIT."""
         return _ServerTransaction(self, action)
+
+    def savepoint(self, action: str) -> ServerSavepoint:
+        """A savepoint inside the open write transaction (see `Backend.savepoint`)."""
+        return ServerSavepoint(self, action)
 
     @contextlib.contextmanager
     def read_tx(self, action: str) -> Iterator[psycopg.Connection[Any]]:

@@ -27,6 +27,7 @@ from .sqlite_errors import SYNC_FAILURES, translated, translation
 from .sqlite_files import ROW_COLUMNS, check_path, create_file, read_only_fs
 from .sqlite_profile import _expect, _pragma, apply_profile, apply_read_profile, set_busy_timeout
 from .sqlite_read_models import ReadModelTables
+from .sqlite_savepoint import SqliteSavepoint
 from .sqlite_schema import APPLICATION_ID, SCHEMA_VERSION, check_format, check_tables, migrate, schema_problems
 
 TEXT_COLUMNS = ("stream", "type", "at")
@@ -158,6 +159,10 @@ class SqliteBackend(ReadModelTables):
     def write(self, action: str) -> _SqliteTransaction:
         """A write transaction that begins IMMEDIATE (the lock is had before anything is read)."""
         return _SqliteTransaction(self, action)
+
+    def savepoint(self, action: str) -> SqliteSavepoint:
+        """A savepoint inside the open write transaction (see `Backend.savepoint`)."""
+        return SqliteSavepoint(self, action)
 
     @contextlib.contextmanager
     def read_tx(self, action: str) -> Iterator[apsw.Connection]:

@@ -12,7 +12,9 @@ its canonical ``body`` bytes, and ``prev``/``hash`` links of the chain (see ``ch
 Appends run under the write lock taken up front (``BEGIN IMMEDIATE``): the head and the stream's
 version are read, the new rows chained, inserted and read back (a write the file did not keep is never
 acknowledged), and every attached projector updates its read model, all in one transaction. A batch
-is all or nothing.
+is all or nothing. Threads writing to one store at the same time share transactions, each write under
+a savepoint of its own (`commit`, see ``group_commit.py``); one connection serves them all, so reads
+take its lock in turn and never see a batch in flight.
 
 Time never runs backwards: an event is stamped at least the head's ``at`` (the clock, or the head's
 ``at`` when the clock is behind it), an explicit earlier ``at`` is refused, and `verify` and the audit
@@ -27,7 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from . import chain
 from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, HostLeaseRow, Row
@@ -44,6 +46,7 @@ from .errors import (
 )
 from .events import Event, encode_all
 from .files import text_path
+from .group_commit import GroupCommit
 from .log import Head, RecordedEvent, VerifyReport
 from .seal import Seal, check_seal, read_seal, write_seal
 from .values import safe_id, safe_int, shown
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
     from .signing import Signer
 
 PAGE = PAGE_ROWS
+T = TypeVar("T")
 
 
 class Projector(Protocol):
@@ -85,6 +89,10 @@ class EventStore:
         self._fence: str | None = None
         self._projectors: list[Projector] = []
         self._local_commits = 0
+        # One connection serves every thread: a write transaction, a page of a read, holds it in turn, so
+        # no thread reads another's uncommitted batch or starts a transaction inside it.
+        self._lock = threading.RLock()
+        self._group = GroupCommit(self)
         store_id = backend.meta("store_id")
         if store_id is None:
             raise StoreFormatError(f"{backend.path!r} has no store id: not a lifecycle-es store")
@@ -182,6 +190,20 @@ class EventStore:
         return self._backend
 
     @property
+    def lock(self) -> threading.RLock:
+        """The connection's lock: every write transaction holds it, every read takes it in turn.
+
+        A thread that reads the backend directly while other threads write through this store holds it
+        around those reads, so that it sees committed state only.
+        """
+        return self._lock
+
+    @property
+    def group_commit(self) -> GroupCommit:
+        """The queue `commit` gathers concurrent writes in (`GroupCommit.tune` sets its batch size and linger)."""
+        return self._group
+
+    @property
     def keyed(self) -> bool:
         """Whether the store's chain is keyed."""
         return self.key_id is not None
@@ -195,7 +217,7 @@ class EventStore:
 
     def attach(self, projector: Projector) -> None:
         """Keep `projector`'s read model in the same transaction as every later append."""
-        with self._write("attach projector"):
+        with self.transaction("attach projector"):
             projector.catch_up(self)
         self._projectors.append(projector)
 
@@ -210,8 +232,19 @@ class EventStore:
         return self._fence
 
     def transaction(self, action: str = "write") -> WriteTransaction:
-        """A write transaction: read the head and streams under the lock, then append. All or nothing."""
+        """A write transaction of its own: read the head and streams under the lock, then append. All or nothing."""
         return WriteTransaction(self, action)
+
+    def commit(self, action: str, work: Callable[[WriteTransaction], T]) -> T:
+        """Run `work(tx)` in a write transaction shared with the writes other threads make at the same time
+        (group commit, see ``group_commit.py``), and return what it returned once that commit is durable.
+
+        `work` decides against the log as the writes before it in the batch left it; when it raises, its
+        writes are rolled back alone and its exception is raised here, the others committing. When the
+        commit fails, every caller whose work succeeded gets that error (with ``outcome_unknown``, the
+        store is fenced). Alone, it costs what a `transaction` costs.
+        """
+        return self._group.run(action, work)
 
     def _write(self, action: str) -> Any:
         if self._fence is not None:
@@ -241,8 +274,7 @@ class EventStore:
         the store's clock, or the head's ``at`` when the clock is behind it); one earlier than the head's
         raises InvalidInputError. A body beyond MAX_EVENT_BYTES raises InvalidInputError("events").
         """
-        with self.transaction("append") as tx:
-            return tx.append(stream, events, expected_version=expected_version, at=at)
+        return self.commit("append", lambda tx: tx.append(stream, events, expected_version=expected_version, at=at))
 
     def append_unchecked(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
                          at: str | None = None) -> list[RecordedEvent]:
@@ -252,8 +284,8 @@ class EventStore:
         a benchmark of the store alone). A log written this way can hold events no command could have
         written, which its audit then reports; a host or an importer uses `append`.
         """
-        with self.transaction("append") as tx:
-            return tx.append_unchecked(stream, events, expected_version=expected_version, at=at)
+        return self.commit("append", lambda tx: tx.append_unchecked(stream, events, expected_version=expected_version,
+                                                                   at=at))
 
     def _append(self, stream: str, events: Sequence[Event], expected_version: int | None,
                 at: str | None, *, checked: bool) -> list[RecordedEvent]:
@@ -313,9 +345,19 @@ class EventStore:
         return self._read_pages(after, stream, limit)
 
     def _read_pages(self, after: int, stream: str | None, limit: int | None) -> Iterator[RecordedEvent]:
-        for rows in self._backend.pages(after=after, stream=stream, limit=limit):
+        for rows in self._paged(self._backend.pages(after=after, stream=stream, limit=limit)):
             for row in rows:
                 yield RecordedEvent(*row)
+
+    def _paged(self, pages: Iterator[list[Row]]) -> Iterator[list[Row]]:
+        """`pages`, each read under the lock (and none held between them)."""
+        lock = self._lock
+        while True:
+            with lock:
+                rows = next(pages, None)
+            if rows is None:
+                return
+            yield rows
 
     def read_stream(self, stream: str, *, after_version: int = 0) -> Iterator[RecordedEvent]:
         """One stream's events with version > `after_version`, in order, in pages."""
@@ -324,31 +366,39 @@ class EventStore:
         return self._read_stream_pages(stream, after_version)
 
     def _read_stream_pages(self, stream: str, after_version: int) -> Iterator[RecordedEvent]:
-        for rows in self._backend.stream_pages(stream, after_version=after_version):
+        for rows in self._paged(self._backend.stream_pages(stream, after_version=after_version)):
             for row in rows:
                 yield RecordedEvent(*row)
 
     def event_at(self, seq: int) -> RecordedEvent | None:
         """The event at `seq`, or None."""
-        row = self._backend.row_at(safe_int(seq, "seq"))
+        seq = safe_int(seq, "seq")
+        with self._lock:
+            row = self._backend.row_at(seq)
         return RecordedEvent(*row) if row else None
 
     def head(self) -> Head:
         """The last event's seq, hash and at (seq 0 and the genesis link for an empty log)."""
-        seq, digest, at = self._backend.head()
+        with self._lock:
+            seq, digest, at = self._backend.head()
         return Head(seq, digest if digest is not None else self._genesis, at)
 
     def stream_version(self, stream: str) -> int:
         """The last version of `stream` (0 when it has no events)."""
-        return self._backend.stream_version(safe_id(stream, "stream"))
+        stream = safe_id(stream, "stream")
+        with self._lock:
+            return self._backend.stream_version(stream)
 
     def streams(self) -> list[str]:
         """Every stream id in the log, sorted."""
-        return self._backend.streams()
+        with self._lock:
+            return self._backend.streams()
 
     def host_lease(self, stream: str) -> HostLeaseRow | None:
         """The runner's host lease as stored, (holder, token, expires_ms by the store's clock), or None."""
-        return self._backend.host_lease(safe_id(stream, "stream"))
+        stream = safe_id(stream, "stream")
+        with self._lock:
+            return self._backend.host_lease(stream)
 
     def schema_problems(self) -> list[str]:
         """How the file's schema differs from what the store made (empty when exact).
@@ -358,7 +408,8 @@ class EventStore:
         acknowledged writes), dropped or redefined, an index or view added, a constraint gone, a meta
         key the store never writes.
         """
-        return self._backend.schema_problems()
+        with self._lock:
+            return self._backend.schema_problems()
 
     def follow(self, *, after: int = 0, poll_interval: float = 0.05, stream: str | None = None,
                stop: threading.Event | None = None) -> Iterator[RecordedEvent]:
@@ -380,7 +431,8 @@ class EventStore:
                 stop: threading.Event | None) -> Iterator[RecordedEvent]:
         seen: tuple[int, int] | None = None
         while stop is None or not stop.is_set():
-            marker = (self._backend.data_version(), self._local_commits)
+            with self._lock:
+                marker = (self._backend.data_version(), self._local_commits)
             if marker != seen:
                 seen = marker
                 for recorded in self.read(after=last, stream=stream):
@@ -411,7 +463,7 @@ class EventStore:
         before it, and that no body is beyond MAX_EVENT_BYTES; then the seal when one is given.
         """
         key = self._verify_key(key)
-        with self._backend.read_tx("verify"):
+        with self._lock, self._backend.read_tx("verify"):
             check = ChainCheck(self.store_id, key, versions=True)
             for page in self._backend.pages(after=0, stream=None):
                 for row in page:
@@ -462,14 +514,16 @@ class EventStore:
         """Check that the log has not fallen behind the seal at `path`; return the seal."""
         sealed = read_seal(text_path(path, "path"), key if key is not None else self._key, self.key_id)
         seq = sealed.seq
-        row = self._backend.row_at(seq) if seq > 0 else None
-        check_seal(sealed, store_id=self.store_id, head_seq=self.head().seq,
-                   hash_at_seq=row[7] if row else None)
+        with self._lock:
+            row = self._backend.row_at(seq) if seq > 0 else None
+            check_seal(sealed, store_id=self.store_id, head_seq=self.head().seq,
+                       hash_at_seq=row[7] if row else None)
         return sealed
 
     def close(self) -> None:
         """Close the store; later calls fail."""
-        self._backend.close()
+        with self._lock:
+            self._backend.close()
 
     def snapshot_tag(self, stream: str, version: int, seq: int, event_hash: bytes, state: bytes) -> bytes:
         """The tag a snapshot of `stream` at `version`/`seq` (the event hashed `event_hash`) of `state` carries.
@@ -512,11 +566,23 @@ class WriteTransaction:
         self._context: Any = None
 
     def __enter__(self) -> WriteTransaction:
-        self._context = self._store._write(self._action)
-        self._context.__enter__()
+        lock = self._store._lock
+        lock.acquire()
+        try:
+            self._context = self._store._write(self._action)
+            self._context.__enter__()
+        except BaseException:
+            lock.release()
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> Any:
+        try:
+            return self._finish(*exc)
+        finally:
+            self._store._lock.release()
+
+    def _finish(self, *exc: Any) -> Any:
         try:
             result = self._context.__exit__(*exc)
         except StoreIOError as error:

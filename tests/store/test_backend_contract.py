@@ -203,6 +203,25 @@ class BackendContract:
             raise RuntimeError("the block failed")
         assert backend.head()[0] == 1 and backend.meta("key_id") is None and backend.tail("a")[:2] == (1, 1)
 
+    def test_a_savepoint_rolls_back_its_block_alone(self) -> None:
+        backend, log = self.connect(), LogRows()
+        commit(backend, log.next("a"))
+        kept = log.next("a")
+        with backend.write("batch"):
+            with backend.savepoint("kept") as savepoint:
+                backend.insert(kept)
+            assert savepoint.lost is False
+            with pytest.raises(RuntimeError, match="refused"), backend.savepoint("refused") as savepoint:
+                backend.tail("b")
+                backend.insert(log.next("b", "a"))  # its last write: what the backend keeps of the head
+                raise RuntimeError("refused")
+            assert savepoint.lost is False
+            assert backend.tail("b") == (0, 2, kept[0][7], kept[0][4]) and backend.head_at() == kept[0][4]
+        # Committed: the kept block only, and the head the next append chains onto is its row.
+        assert flat(backend.pages(after=0, stream=None))[1:] == kept and backend.streams() == ["a"]
+        with backend.write("append"):
+            assert backend.tail("a") == (2, 2, kept[0][7], kept[0][4])
+
     def test_row_at_streams_and_seq_bounds(self) -> None:
         backend, log = self.connect(), LogRows()
         rows = log.next("c", "a", "b", "a")

@@ -1,0 +1,257 @@
+"""The event store and the runner lifecycle for asyncio programs: the same API, awaited.
+
+    from lifecycle_es.aio import AsyncEventStore, AsyncRunnerLifecycle
+
+    async with await AsyncEventStore.open("runners.db") as store:
+        runner = AsyncRunnerLifecycle(store, runner_id="runner-1", target="local", base_dir="/srv/runner",
+                                      resources=resources, post_session_hook_digest=digest)
+        await runner.initialize()
+        receipt = await runner.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy)
+        async for event in store.follow(after=0):
+            ...
+
+The event loop never waits on the disk or on a lock: every call that reads or writes runs in a
+thread of the store's own pool (`threads` of them, 64 by default: the default executor's handful
+would cap how many commands can wait for one commit), and the commands of concurrent tasks meet in
+the store's group commit, so 64 tasks' commands share a few transactions, not 64 fsyncs in a row.
+Arguments are checked as the synchronous API checks them, with the same errors, raised from the
+await. A cancelled await does not stop a command already handed to a thread: it may still commit,
+as a command whose reply was lost would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from .backend import PAGE_ROWS
+from .errors import InvalidInputError
+from .events import Event
+from .lifecycle import RunnerLifecycle
+from .log import Head, RecordedEvent, VerifyReport
+from .receipts import DrainParkSnapshot, HookReceipt, LeaseParkSnapshot, LeaseReceipt, PollResult, RunnerSnapshot
+from .seal import Seal
+from .state import RunnerState
+from .store import EventStore, WriteTransaction
+from .values import safe_int
+
+__all__ = ["DEFAULT_THREADS", "AsyncEventStore", "AsyncRunnerLifecycle"]
+
+T = TypeVar("T")
+
+DEFAULT_THREADS = 64
+"""How many threads an `AsyncEventStore` runs blocking calls in: at most this many commands wait for one commit."""
+
+
+class AsyncEventStore:
+    """An `EventStore` whose reads and writes are awaited; open it with `AsyncEventStore.open`.
+
+    `store` is the synchronous store underneath (its `group_commit`, its `lock`); using it from the
+    loop's thread would block the loop.
+    """
+
+    def __init__(self, store: EventStore, *, threads: int = DEFAULT_THREADS) -> None:
+        if not isinstance(store, EventStore):
+            raise InvalidInputError("store", f"store must be an EventStore, got {type(store).__name__}")
+        self.store = store
+        self._pool = ThreadPoolExecutor(max_workers=safe_int(threads, "threads", 1, 1024),
+                                        thread_name_prefix="lifecycle-es")
+
+    @classmethod
+    async def open(cls, path: Any, *, threads: int = DEFAULT_THREADS, **options: Any) -> AsyncEventStore:
+        """`EventStore.open(path, **options)` in a thread (opening reads and may create the file)."""
+        safe_int(threads, "threads", 1, 1024)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lifecycle-es-open")
+        try:
+            store = await asyncio.get_running_loop().run_in_executor(pool, lambda: EventStore.open(path, **options))
+        finally:
+            pool.shutdown(wait=False)
+        return cls(store, threads=threads)
+
+    def __repr__(self) -> str:
+        return f"Async{self.store!r}"
+
+    async def __aenter__(self) -> AsyncEventStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def run(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`call(*args, **kwargs)` in one of the store's threads: any blocking work on the store, awaited."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: call(*args, **kwargs))
+
+    async def close(self) -> None:
+        """Wait for the calls in flight, then close the store (in a thread)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._pool.shutdown)
+        await loop.run_in_executor(None, self.store.close)
+
+    # --- writing ---------------------------------------------------------------------------------------
+
+    async def append(self, stream: str, events: list[Event], *, expected_version: int | None = None,
+                     at: str | None = None) -> list[RecordedEvent]:
+        """`EventStore.append`, awaited (in a batch with the other tasks' writes)."""
+        return await self.run(self.store.append, stream, events, expected_version=expected_version, at=at)
+
+    async def append_unchecked(self, stream: str, events: list[Event], *, expected_version: int | None = None,
+                               at: str | None = None) -> list[RecordedEvent]:
+        """`EventStore.append_unchecked`, awaited."""
+        return await self.run(self.store.append_unchecked, stream, events, expected_version=expected_version, at=at)
+
+    async def commit(self, action: str, work: Callable[[WriteTransaction], T]) -> T:
+        """`EventStore.commit`, awaited: `work` runs in the writer's thread, never on the loop."""
+        return await self.run(self.store.commit, action, work)
+
+    # --- reading ---------------------------------------------------------------------------------------
+
+    async def head(self) -> Head:
+        """`EventStore.head`, awaited."""
+        return await self.run(self.store.head)
+
+    async def stream_version(self, stream: str) -> int:
+        """`EventStore.stream_version`, awaited."""
+        return await self.run(self.store.stream_version, stream)
+
+    async def streams(self) -> list[str]:
+        """`EventStore.streams`, awaited."""
+        return await self.run(self.store.streams)
+
+    async def event_at(self, seq: int) -> RecordedEvent | None:
+        """`EventStore.event_at`, awaited."""
+        return await self.run(self.store.event_at, seq)
+
+    async def verify(self, **options: Any) -> VerifyReport:
+        """`EventStore.verify`, awaited (it holds the connection for the whole walk: writes wait)."""
+        return await self.run(self.store.verify, **options)
+
+    async def seal(self, path: Any = None) -> Seal:
+        """`EventStore.seal`, awaited."""
+        return await self.run(self.store.seal, path)
+
+    def read(self, *, after: int = 0, stream: str | None = None,
+             limit: int | None = None) -> AsyncIterator[RecordedEvent]:
+        """`EventStore.read` as an async iterator: each page is read in a thread. Arguments are checked here."""
+        return self._pages(self.store.read(after=after, stream=stream, limit=limit))
+
+    def read_stream(self, stream: str, *, after_version: int = 0) -> AsyncIterator[RecordedEvent]:
+        """`EventStore.read_stream` as an async iterator."""
+        return self._pages(iter(self.store.read_stream(stream, after_version=after_version)))
+
+    async def _pages(self, events: Iterator[RecordedEvent]) -> AsyncIterator[RecordedEvent]:
+        while True:
+            page = await self.run(lambda: list(itertools.islice(events, PAGE_ROWS)))
+            for recorded in page:
+                yield recorded
+            if len(page) < PAGE_ROWS:
+                return
+
+    def follow(self, *, after: int = 0, poll_interval: float = 0.05,
+               stream: str | None = None) -> AsyncIterator[RecordedEvent]:
+        """`EventStore.follow` as an async iterator: events after `after` as they commit, by any process.
+
+        Each poll reads a page in a thread; between polls the task sleeps on the loop. It ends when the
+        caller stops iterating (or cancels the task). Arguments are checked here, as `EventStore.follow`
+        checks them.
+        """
+        self.store.follow(after=after, poll_interval=poll_interval, stream=stream)  # the checks; never iterated
+        return self._follow(after, poll_interval, stream)
+
+    async def _follow(self, last: int, poll_interval: float, stream: str | None) -> AsyncIterator[RecordedEvent]:
+        while True:
+            page = await self.run(self._page, last, stream)
+            for recorded in page:
+                last = recorded.seq
+                yield recorded
+            if len(page) < PAGE_ROWS:
+                await asyncio.sleep(poll_interval)
+
+
+    def _page(self, after: int, stream: str | None) -> list[RecordedEvent]:
+        return list(self.store.read(after=after, stream=stream, limit=PAGE_ROWS))
+
+
+class AsyncRunnerLifecycle:
+    """A `RunnerLifecycle` whose commands are awaited; it takes the same arguments, on an `AsyncEventStore`.
+
+    `lifecycle` is the synchronous handle underneath. Each command runs in one of the store's threads,
+    its preflight and its decision included, and commits in a batch with the other tasks' commands.
+    """
+
+    def __init__(self, store: AsyncEventStore, **options: Any) -> None:
+        if not isinstance(store, AsyncEventStore):
+            raise InvalidInputError("store", f"store must be an AsyncEventStore, got {type(store).__name__}")
+        self.store = store
+        self.lifecycle = RunnerLifecycle(store.store, **options)
+
+    def __repr__(self) -> str:
+        return f"Async{self.lifecycle!r}"
+
+    @property
+    def runner_id(self) -> str:
+        """The runner's id (its stream)."""
+        return self.lifecycle.runner_id
+
+    async def initialize(self) -> RunnerSnapshot:
+        """`RunnerLifecycle.initialize`, awaited."""
+        return await self.store.run(self.lifecycle.initialize)
+
+    async def snapshot(self) -> RunnerSnapshot:
+        """`RunnerLifecycle.snapshot`, awaited."""
+        return await self.store.run(self.lifecycle.snapshot)
+
+    async def state(self) -> RunnerState:
+        """`RunnerLifecycle.state`, awaited."""
+        return await self.store.run(self.lifecycle.state)
+
+    async def acquire_lease(self, **arguments: Any) -> LeaseReceipt:
+        """`RunnerLifecycle.acquire_lease`, awaited."""
+        return await self.store.run(self.lifecycle.acquire_lease, **arguments)
+
+    async def assert_poll(self, **arguments: Any) -> PollResult:
+        """`RunnerLifecycle.assert_poll`, awaited."""
+        return await self.store.run(self.lifecycle.assert_poll, **arguments)
+
+    async def rotate_proxy_authority(self, **arguments: Any) -> RunnerSnapshot:
+        """`RunnerLifecycle.rotate_proxy_authority`, awaited."""
+        return await self.store.run(self.lifecycle.rotate_proxy_authority, **arguments)
+
+    async def refresh_lease_authority(self, **arguments: Any) -> LeaseReceipt:
+        """`RunnerLifecycle.refresh_lease_authority`, awaited."""
+        return await self.store.run(self.lifecycle.refresh_lease_authority, **arguments)
+
+    async def request_drain(self, **arguments: Any) -> RunnerSnapshot:
+        """`RunnerLifecycle.request_drain`, awaited."""
+        return await self.store.run(self.lifecycle.request_drain, **arguments)
+
+    async def settle_lease(self, **arguments: Any) -> RunnerSnapshot:
+        """`RunnerLifecycle.settle_lease`, awaited."""
+        return await self.store.run(self.lifecycle.settle_lease, **arguments)
+
+    async def park_lease(self, **arguments: Any) -> LeaseParkSnapshot:
+        """`RunnerLifecycle.park_lease`, awaited."""
+        return await self.store.run(self.lifecycle.park_lease, **arguments)
+
+    async def park_expired_drain(self, **arguments: Any) -> DrainParkSnapshot:
+        """`RunnerLifecycle.park_expired_drain`, awaited."""
+        return await self.store.run(self.lifecycle.park_expired_drain, **arguments)
+
+    async def begin_reclaim(self, **arguments: Any) -> RunnerSnapshot:
+        """`RunnerLifecycle.begin_reclaim`, awaited."""
+        return await self.store.run(self.lifecycle.begin_reclaim, **arguments)
+
+    async def complete_reclaim(self, **arguments: Any) -> RunnerSnapshot:
+        """`RunnerLifecycle.complete_reclaim`, awaited."""
+        return await self.store.run(self.lifecycle.complete_reclaim, **arguments)
+
+    async def record_host_facts(self, events: list[Event]) -> list[RecordedEvent]:
+        """`RunnerLifecycle.record_host_facts`, awaited."""
+        return await self.store.run(self.lifecycle.record_host_facts, events)
+
+    async def authorize_post_session_hook(self, **arguments: Any) -> HookReceipt:
+        """`RunnerLifecycle.authorize_post_session_hook`, awaited."""
+        return await self.store.run(self.lifecycle.authorize_post_session_hook, **arguments)

@@ -1,0 +1,231 @@
+"""Group commit: the writes that threads make at the same time on one store share one transaction.
+
+    store.commit("acquire_lease", lambda tx: tx.append(stream, events, expected_version=3))
+
+A durable commit costs one fsync (on PostgreSQL a round trip and the commit under the head row's
+lock), whatever it holds; so the commands that arrive while one commits wait, and the next writer
+commits them all in one transaction. Leader and followers, as in PostgreSQL's WAL writer or
+RocksDB's write groups: a caller that finds no writer becomes it and serves itself at once (a lone
+command pays a lock and a flag, nothing more); a caller that finds one queues and sleeps. When a
+batch is done, its writer wakes every caller it served and hands the queue to the first caller
+waiting in it, which becomes the next writer.
+
+In a batch of several, each caller's work runs under a savepoint, in arrival order: it decides
+against a state that holds the writes of the ones before it (one connection reads its own writes),
+and when it raises, its writes are rolled back alone and it gets its own error while the others go
+on. Every caller returns only once the batch's commit is durable. When the commit fails, every
+caller whose work had succeeded gets that failure (its own copy of it); a commit whose outcome is
+unknown has fenced the store by then (`WriteTransaction`), exactly as a lone commit does. When the
+database ends the transaction under a savepoint (a full disk, an I/O error), the whole batch fails.
+
+A batch holds at most `max_batch` callers. The writer lingers (up to `linger_ms`) for late arrivals
+only while the store is busy: when the batch before it held more callers than are queued and ended
+less than `linger_ms` ago. A store that was idle never lingers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .values import safe_int
+
+if TYPE_CHECKING:
+    from .store import EventStore, WriteTransaction
+
+T = TypeVar("T")
+
+DEFAULT_MAX_BATCH = 64
+DEFAULT_LINGER_MS = 1.0
+
+
+class _Caller:
+    """One caller's work, and what became of it."""
+
+    __slots__ = ("action", "error", "lead", "shared", "value", "wake", "work")
+
+    def __init__(self, action: str, work: Callable[[WriteTransaction], Any]) -> None:
+        self.action = action
+        self.work = work
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.shared = False  # the error is the batch's, not this caller's own
+        self.lead = False
+        self.wake: threading.Lock | None = None
+
+    def outcome(self) -> Any:
+        error = self.error
+        if error is None:
+            return self.value
+        if not self.shared:
+            raise error
+        # Each caller raises its own copy: one exception raised in many threads would share a traceback.
+        raise _copy(error) from error
+
+
+def _copy(error: BaseException) -> BaseException:
+    """The same exception as a new object: its args and fields, without running its ``__init__`` again
+    (which would wrap a message already made, as StoreFencedError's does)."""
+    kind = type(error)
+    try:
+        clone = kind.__new__(kind, *error.args)
+        clone.__dict__.update(error.__dict__)
+    except Exception:  # an exception that cannot be made so: raise the one there is
+        return error
+    return clone
+
+
+class GroupCommit:
+    """The leader/follower queue of one store's writes (see the module docstring); `EventStore.commit` uses it.
+
+    `batches` and `commands` count what it committed (batches of one included), for metrics and tests.
+    """
+
+    def __init__(self, store: EventStore, *, max_batch: int = DEFAULT_MAX_BATCH,
+                 linger_ms: float = DEFAULT_LINGER_MS) -> None:
+        self._store = store
+        self._mutex = threading.Lock()
+        self._arrived = threading.Condition(self._mutex)
+        self._queue: deque[_Caller] = deque()
+        self._leading = False  # a writer is serving a batch (or handing the queue on)
+        self._writer: int | None = None  # the thread id of the writer while its transaction is open
+        self._wanted = 0  # how many queued callers a lingering writer waits for (0: none lingers)
+        self._last_size = 0
+        self._last_end = 0.0
+        self.max_batch = DEFAULT_MAX_BATCH
+        self.linger_ms = DEFAULT_LINGER_MS
+        self.tune(max_batch=max_batch, linger_ms=linger_ms)
+        self.batches = 0
+        self.commands = 0
+
+    def __repr__(self) -> str:
+        return (f"GroupCommit({len(self._queue)} queued, {'writing' if self._leading else 'idle'}, "
+                f"{self.commands} commands in {self.batches} batches)")
+
+    def tune(self, *, max_batch: int | None = None, linger_ms: float | None = None) -> None:
+        """Set the most callers a batch holds (1..4096; 1 turns grouping off) and the longest a writer waits
+        for late arrivals while the store is busy (0..100 ms; 0: never)."""
+        if max_batch is not None:
+            self.max_batch = safe_int(max_batch, "max_batch", 1, 4096)
+        if linger_ms is not None:
+            if isinstance(linger_ms, bool) or not isinstance(linger_ms, int | float) or not 0 <= linger_ms <= 100:
+                from .errors import InvalidInputError
+
+                raise InvalidInputError("linger_ms", f"linger_ms is invalid: {linger_ms!r} (0 <= ms <= 100)")
+            self.linger_ms = float(linger_ms)
+
+    @property
+    def queued(self) -> int:
+        """How many callers wait for a writer now."""
+        return len(self._queue)
+
+    def run(self, action: str, work: Callable[[WriteTransaction], T]) -> T:
+        """`work(tx)` in a transaction shared with the callers of the same moment; its result once durable."""
+        if self._writer == threading.get_ident():
+            # A write from inside a batch's work: a nested transaction, which the backend refuses as it
+            # always has (queueing it would wait for the very batch it is part of).
+            with self._store.transaction(action) as tx:
+                return work(tx)
+        caller = _Caller(action, work)
+        with self._mutex:
+            lead = not self._leading
+            if lead:
+                self._leading = True
+            else:
+                caller.wake = wake = threading.Lock()
+                wake.acquire()
+                self._queue.append(caller)
+                if self._wanted and len(self._queue) >= self._wanted:
+                    self._arrived.notify()
+        if not lead:
+            assert caller.wake is not None
+            caller.wake.acquire()  # released when served, or when handed the queue
+            if not caller.lead:
+                return caller.outcome()  # type: ignore[no-any-return]
+        try:
+            self._serve(self._gather(caller))
+        finally:
+            self._hand_on()
+        return caller.outcome()  # type: ignore[no-any-return]
+
+    def _gather(self, first: _Caller) -> list[_Caller]:
+        batch = [first]
+        limit = self.max_batch
+        with self._mutex:
+            queue = self._queue
+            wanted = min(self._last_size, limit) - 1
+            if (self.linger_ms > 0 and len(queue) < wanted
+                    and time.monotonic() - self._last_end < self.linger_ms / 1000):
+                # Busy: the callers of the last batch are coming back; wait a moment for them.
+                deadline = time.monotonic() + self.linger_ms / 1000
+                self._wanted = wanted
+                while len(queue) < wanted:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._arrived.wait(left)
+                self._wanted = 0
+            while queue and len(batch) < limit:
+                batch.append(queue.popleft())
+        return batch
+
+    def _serve(self, batch: list[_Caller]) -> None:
+        """Run every caller's work in one transaction and commit; every caller of `batch` has its outcome after."""
+        store = self._store
+        failure: BaseException | None = None
+        self._writer = threading.get_ident()
+        try:
+            action = batch[0].action if len(batch) == 1 else f"{batch[0].action} (a batch of {len(batch)})"
+            with store.transaction(action) as tx:
+                if len(batch) == 1:
+                    batch[0].value = batch[0].work(tx)  # alone: its error rolls back the transaction
+                else:
+                    self._each(tx, batch)
+        except BaseException as exc:
+            failure = exc
+        finally:
+            self._writer = None
+        if failure is not None:
+            if len(batch) == 1:
+                batch[0].error = failure
+            else:
+                for caller in batch:
+                    if caller.error is None:
+                        caller.error = failure
+                        caller.shared = True
+        self.batches += 1
+        self.commands += len(batch)
+        self._last_size = len(batch)
+        for caller in batch:
+            if caller.wake is not None and not caller.lead:
+                caller.wake.release()
+        if failure is not None and not isinstance(failure, Exception):
+            raise failure  # an interrupt of the writer's own thread, after every caller was answered
+
+    def _each(self, tx: WriteTransaction, batch: list[_Caller]) -> None:
+        backend = self._store.backend
+        for caller in batch:
+            savepoint = backend.savepoint(caller.action)
+            try:
+                with savepoint:
+                    caller.value = caller.work(tx)
+            except Exception as exc:
+                caller.error = exc
+                if savepoint.lost:
+                    raise  # the transaction is gone: every other caller fails with this
+                caller.value = None
+
+    def _hand_on(self) -> None:
+        """The batch is done: hand the queue to the first caller waiting in it, or stand down."""
+        with self._mutex:
+            self._last_end = time.monotonic()
+            if self._queue:
+                following = self._queue.popleft()
+                following.lead = True
+                assert following.wake is not None
+                following.wake.release()
+            else:
+                self._leading = False

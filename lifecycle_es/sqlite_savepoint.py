@@ -1,0 +1,74 @@
+"""A savepoint inside the SQLite backend's write transaction: one command of a group commit's batch.
+
+    with backend.write("batch"):
+        with backend.savepoint("acquire_lease"):
+            ...                      # raises: this block's writes are gone, the transaction goes on
+
+SQLite ends the whole transaction by itself on some errors (a full disk, an I/O error, a busy lock,
+no memory); then there is no savepoint left to roll back to, and the exit raises StoreIOError saying
+that the transaction was lost, so the caller fails the whole batch rather than commit what is left.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+import apsw
+
+from .errors import StoreIOError
+from .sqlite_errors import translation
+
+if TYPE_CHECKING:
+    from .sqlite import SqliteBackend
+
+# One name: savepoints of a batch never nest (each command's is released or rolled back before the next).
+_NAME = "command"
+
+
+class SqliteSavepoint:
+    """`SqliteBackend.savepoint`: SAVEPOINT, then RELEASE, or ROLLBACK TO and RELEASE when the block raised.
+
+    A rollback also drops what the backend kept of the tail and of the last insert (see
+    `SqliteBackend.tail`): `total_changes` does not go back with the rows, so what was read or written
+    inside the savepoint would otherwise pass for the head.
+    """
+
+    __slots__ = ("action", "backend", "lost")
+
+    def __init__(self, backend: SqliteBackend, action: str) -> None:
+        self.backend = backend
+        self.action = action
+        self.lost = False
+
+    def __enter__(self) -> SqliteSavepoint:
+        try:
+            self.backend.conn.execute(f"SAVEPOINT {_NAME}")
+        except apsw.Error as exc:
+            raise translation(self.action, exc) from exc
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> Literal[False]:
+        backend = self.backend
+        conn = backend.conn
+        if exc is None:
+            try:
+                conn.execute(f"RELEASE {_NAME}")
+            except apsw.Error as error:
+                raise translation(self.action, error) from error
+            return False
+        backend._tail = backend._inserted = None
+        if conn.getautocommit():
+            self.lost = True
+            raise StoreIOError(f"{self.action}: the database ended the write transaction ({exc}), so its batch "
+                               "is lost: nothing of it was committed") from exc
+        try:
+            conn.execute(f"ROLLBACK TO {_NAME}")
+            conn.execute(f"RELEASE {_NAME}")
+        except apsw.Error as error:
+            self.lost = True
+            raise StoreIOError(f"{self.action}: rolling back to the savepoint failed ({error}), so its batch is "
+                               "lost: nothing of it was committed") from exc
+        if isinstance(exc, apsw.Error):
+            raise translation(self.action, exc) from exc
+        return False

@@ -1,0 +1,167 @@
+"""`lifecycle_es.aio` (issue 14): the lifecycle and the store awaited, with the event loop never blocked.
+
+The loop's latency while 64 commands commit is tested structurally, not timed: the store's writer is
+held inside a first command (`holding.Held`) while 64 tasks' commands queue behind it, and a heartbeat
+task must keep ticking the whole time; were any command's I/O or lock wait on the loop's thread, the
+heartbeat would stop with it and the test would fail at its guard. Every statement the backend runs
+is recorded with its thread: none runs on the loop's. Then the gate opens and all 64 commit, in
+fewer batches than commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from holding import Held
+
+from lifecycle_es import EventStore, InvalidInputError, RecordedEvent, StaleFenceError
+from lifecycle_es.aio import AsyncEventStore, AsyncRunnerLifecycle
+from lifecycle_es.canonical import iso_ms
+from lifecycle_es.events import ReclaimCompleted
+from lifecycle_es.testing import RUNNER_DEFAULTS, START_MS, FakeClock, SequentialIds
+from lifecycle_es.values import ProxyAuthority
+
+COMMANDS = 64
+HOUR = 3_600_000
+# How long a wait may take before the test calls it hung: a guard, not a timing assertion.
+GUARD_S = 60
+
+
+def proxy() -> ProxyAuthority:
+    return ProxyAuthority(id="proxy-1", revision=1, issued_at=iso_ms(START_MS), expires_at=iso_ms(START_MS + HOUR))
+
+
+def runner(store: AsyncEventStore, tmp_path: Path, runner_id: str) -> AsyncRunnerLifecycle:
+    base_dir = tmp_path / "base" / runner_id
+    base_dir.mkdir(parents=True, exist_ok=True)
+    return AsyncRunnerLifecycle(store, **{**RUNNER_DEFAULTS, "runner_id": runner_id}, base_dir=str(base_dir),
+                                now=FakeClock(), random_id=SequentialIds())
+
+
+class Heartbeat:
+    """A task that ticks every millisecond of the loop's time, for as long as the loop is free to run it."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.task = asyncio.get_running_loop().create_task(self._beat())
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(0.001)
+            self.ticks += 1
+
+    async def beats(self, count: int) -> None:
+        """Return once the heartbeat has ticked `count` more times."""
+        target = self.ticks + count
+        async with asyncio.timeout(GUARD_S):
+            while self.ticks < target:
+                await asyncio.sleep(0.001)
+
+
+async def until(predicate: Any) -> None:
+    async with asyncio.timeout(GUARD_S):
+        while not predicate():
+            await asyncio.sleep(0.001)
+
+
+def test_the_loop_keeps_running_while_64_commands_wait_and_commit(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await AsyncEventStore.open(tmp_path / "events.db", now=FakeClock()) as store:
+            runners = [runner(store, tmp_path, f"runner-{n:02d}") for n in range(COMMANDS)]
+            await asyncio.gather(*(each.initialize() for each in runners))
+            loop_thread = threading.get_ident()
+            statements: list[int] = []
+            backend = store.store.backend
+            conn = backend.conn  # type: ignore[attr-defined]
+            conn.exec_trace = lambda cursor, sql, bindings: statements.append(threading.get_ident()) or True
+            heartbeat = Heartbeat()
+            group = store.store.group_commit
+            batches = group.batches
+            held = Held(store.store)  # a thread holds the writer: every command now waits on it
+            commands = [asyncio.ensure_future(each.acquire_lease(session_id="s-1", expected_generation=1,
+                                                                 proxy_authority=proxy())) for each in runners]
+            await until(lambda: group.queued == COMMANDS)
+            await heartbeat.beats(10)  # 64 commands in flight, and the loop runs on
+            assert not any(command.done() for command in commands)
+            held.gate.set()
+            receipts = await asyncio.gather(*commands)
+            await heartbeat.beats(1)
+            heartbeat.task.cancel()
+            held.release()
+            conn.exec_trace = None
+            assert [receipt.lease.session_id for receipt in receipts] == ["s-1"] * COMMANDS
+            assert statements and loop_thread not in statements
+            assert group.batches - batches < COMMANDS  # the gate's, then the 64 in batches of up to 64
+            assert (await store.verify()).events == 2 * COMMANDS
+            assert [event.type for event in await collect(store.read(after=COMMANDS))] == ["LeaseAcquired"] * COMMANDS
+
+    asyncio.run(main())
+
+
+async def collect(events: Any) -> list[RecordedEvent]:
+    return [event async for event in events]
+
+
+def test_commands_reads_and_follow_mirror_the_synchronous_api(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await AsyncEventStore.open(tmp_path / "events.db", now=FakeClock()) as store:
+            one = runner(store, tmp_path, "runner-1")
+            assert (await one.initialize()).generation == 1
+            receipt = await one.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy())
+            with pytest.raises(StaleFenceError):
+                await one.request_drain(expected_generation=5)
+            with pytest.raises(InvalidInputError) as caught:
+                await one.acquire_lease(session_id="bad id", expected_generation=1, proxy_authority=proxy())
+            assert caught.value.field == "session_id"
+            await one.settle_lease(lease_id=receipt.lease.id, lease_generation=1, result_digest="sha256:" + "c" * 64)
+            state = await one.state()
+            assert state == one.lifecycle.state() and state.leases[0].status == "settled"
+            await store.append_unchecked("other", [ReclaimCompleted(generation=2)])
+            assert await store.streams() == ["other", "runner-1"]
+            assert (await store.head()).seq == 4 and await store.stream_version("runner-1") == 3
+            assert [event.seq for event in await collect(store.read(after=1))] == [2, 3, 4]
+            assert [event.version for event in await collect(store.read_stream("runner-1"))] == [1, 2, 3]
+            with pytest.raises(InvalidInputError):
+                store.follow(poll_interval=0)  # checked at the call, as the synchronous follow checks it
+
+            followed: list[int] = []
+
+            async def follow() -> None:
+                async for event in store.follow(after=2, poll_interval=0.001):
+                    followed.append(event.seq)
+                    if event.seq == 6:
+                        return
+
+            follower = asyncio.ensure_future(follow())
+            await until(lambda: followed == [3, 4])
+            # Another connection commits: the follower sees it, as EventStore.follow does.
+            with EventStore.open(tmp_path / "events.db", now=FakeClock()) as other:
+                other.append_unchecked("other", [ReclaimCompleted(generation=3), ReclaimCompleted(generation=4)])
+            async with asyncio.timeout(GUARD_S):
+                await follower
+            assert followed == [3, 4, 5, 6]
+
+    asyncio.run(main())
+
+
+def test_every_command_and_read_of_the_synchronous_api_is_mirrored() -> None:
+    import inspect
+
+    from lifecycle_es import RunnerLifecycle, aio
+
+    def public(cls: type) -> set[str]:
+        return {name for name, value in inspect.getmembers(cls) if not name.startswith("_") and callable(value)}
+
+    assert public(RunnerLifecycle) - {"clock"} <= public(AsyncRunnerLifecycle)
+    assert {"append", "append_unchecked", "commit", "event_at", "follow", "head", "read", "read_stream", "seal",
+            "stream_version", "streams", "verify"} <= public(AsyncEventStore)
+    for name in aio.__all__:
+        value = getattr(aio, name)
+        if inspect.isclass(value):
+            assert inspect.getdoc(value)
+            for member in public(value):
+                assert inspect.getdoc(getattr(value, member)), f"{name}.{member}"

@@ -1,0 +1,304 @@
+"""Group commit (issue 14): commands of many threads on one store share transactions, on a real file.
+
+Real threads drive `RunnerLifecycle` handles on one `EventStore` (read models attached, a snapshot
+after every event). Every command that returned is in the log, the chain verifies and the audit
+proves the snapshots and read models. To hold a batch together the tests stop the writer inside a
+first command (a gate), queue the next ones behind it, then open the gate: those queued form the
+next batch. In it, each command decides against the ones before it (a second drain of the same
+generation is stale), a refused one raises its own error and the others commit, and the log is byte
+for byte the log of the same commands run one by one without the refused one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from holding import Held
+
+import projections
+from lifecycle_es import EventStore, RunnerLifecycle, StaleFenceError, StoreError, audit
+from lifecycle_es.canonical import iso_ms
+from lifecycle_es.events import LeaseAcquired
+from lifecycle_es.store import WriteTransaction
+from lifecycle_es.testing import RUNNER_DEFAULTS, START_MS, FakeClock, SequentialIds
+from lifecycle_es.values import ProxyAuthority
+
+HOUR = 3_600_000
+DIGEST = "sha256:" + "c" * 64
+RUNNERS = ("runner-a", "runner-b", "runner-c")
+
+
+def proxy() -> ProxyAuthority:
+    return ProxyAuthority(id="proxy-1", revision=1, issued_at=iso_ms(START_MS), expires_at=iso_ms(START_MS + HOUR))
+
+
+def handle(store: EventStore, base_dir: Path, runner_id: str) -> RunnerLifecycle:
+    """A handle whose clock stands still and whose lease ids count from 1: two stores fed alike log alike."""
+    own = base_dir / runner_id  # the preflight's probe names count from 1 too: one directory per runner
+    own.mkdir(exist_ok=True)
+    return RunnerLifecycle(store, **{**RUNNER_DEFAULTS, "runner_id": runner_id}, base_dir=str(own),
+                           now=FakeClock(), random_id=SequentialIds(), snapshot_every=1)  # type: ignore[arg-type]
+
+
+def log_rows(store: EventStore) -> list[tuple[Any, ...]]:
+    return [recorded.row() for recorded in store.read()]
+
+
+def caches(store: EventStore) -> tuple[Any, ...]:
+    """The snapshots and read-model rows, as stored."""
+    backend = store.backend
+    snapshots = [backend.snapshot(stream) for stream in store.streams()]
+    return snapshots, backend.read_model_rows("runners"), backend.read_model_rows("leases")
+
+
+def proved(path: Path) -> None:
+    report = audit(path)
+    assert report.ok, report.problems
+    assert report.checks["chain"] and report.checks["rules"] and report.checks["snapshots"]
+    assert report.checks["read_models"]
+
+
+@pytest.fixture
+def base_dir(tmp_path: Path) -> Path:
+    made = tmp_path / "base"
+    made.mkdir()
+    return made
+
+
+@pytest.fixture
+def made(tmp_path: Path, base_dir: Path) -> Path:
+    """A store with the read models attached and the three runners initialized, cleanly closed."""
+    path = tmp_path / "events.db"
+    with EventStore.open(path, now=FakeClock()) as store:
+        projections.attach(store)
+        for runner_id in RUNNERS:
+            handle(store, base_dir, runner_id).initialize()
+    return path
+
+
+def test_n_threads_times_m_commands_all_land_and_the_caches_stay_proved(tmp_path: Path, base_dir: Path) -> None:
+    threads, pairs = 8, 6
+    path = tmp_path / "events.db"
+    with EventStore.open(path, now=FakeClock()) as store:
+        projections.attach(store)
+        lifecycles = [handle(store, base_dir, f"runner-{n}") for n in range(threads)]
+        receipts: list[list[str]] = [[] for _ in range(threads)]
+        errors: list[BaseException] = []
+
+        def drive(index: int) -> None:
+            lifecycle = lifecycles[index]
+            try:
+                lifecycle.initialize()
+                for pair in range(pairs):
+                    lease = lifecycle.acquire_lease(session_id=f"s-{pair}", expected_generation=1,
+                                                    proxy_authority=proxy()).lease
+                    receipts[index].append(lease.id)
+                    lifecycle.settle_lease(lease_id=lease.id, lease_generation=1, result_digest=DIGEST)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        workers = [threading.Thread(target=drive, args=(n,)) for n in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(120)
+        assert errors == [] and not any(worker.is_alive() for worker in workers)
+        assert store.verify().events == threads * (1 + 2 * pairs)
+        assert store.group_commit.commands == threads * (1 + 2 * pairs)
+        replayed = projections.replay(store)
+        for index, lifecycle in enumerate(lifecycles):
+            state = lifecycle.state()
+            assert state == replayed[lifecycle.runner_id]
+            assert [lease.id for lease in state.leases] == receipts[index]
+            assert all(lease.status == "settled" for lease in state.leases)
+    proved(path)
+
+
+def test_a_batch_decides_in_order_and_a_refused_command_rolls_back_alone(made: Path, base_dir: Path) -> None:
+    alone = made.with_name("alone.db")
+    shutil.copyfile(made, alone)
+    with EventStore.open(made, now=FakeClock()) as store:
+        projections.attach(store)
+        a, b, c = (handle(store, base_dir, runner_id) for runner_id in RUNNERS)
+        b_again = handle(store, base_dir, "runner-b")  # a second handle on runner-b: it sees the first's drain
+        batches = store.group_commit.batches
+        held = Held(store)
+        held.queue("a", lambda: a.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy()))
+        held.queue("b", lambda: b.request_drain(expected_generation=1))
+        held.queue("b_again", lambda: b_again.request_drain(expected_generation=1))
+        held.queue("c", lambda: c.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy()))
+        outcomes = held.release()
+        assert store.group_commit.batches == batches + 2  # the gate alone, then the four together
+        assert isinstance(outcomes["b_again"], StaleFenceError)  # generation 1 was drained just before it
+        assert not isinstance(outcomes["a"], Exception) and not isinstance(outcomes["c"], Exception)
+        assert outcomes["b"].generation == 3 and outcomes["b"].state == "parked"  # no lease: drained, parked at once
+        batched, batched_caches = log_rows(store), caches(store)
+        assert b_again.state().generation == 3
+    with EventStore.open(alone, now=FakeClock()) as store:
+        projections.attach(store)
+        a, b, c = (handle(store, base_dir, runner_id) for runner_id in RUNNERS)
+        a.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy())
+        b.request_drain(expected_generation=1)
+        c.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy())
+        assert log_rows(store) == batched  # byte for byte: the refused command left nothing
+        assert caches(store) == batched_caches
+    proved(made)
+
+
+@pytest.mark.parametrize("last", [False, True], ids=["between", "last"])
+def test_a_command_that_wrote_and_then_raised_leaves_no_trace_in_its_batch(made: Path, base_dir: Path,
+                                                                          last: bool) -> None:
+    with EventStore.open(made, now=FakeClock()) as store:
+        if not last:  # last, and without read models, its insert is the last write of the batch
+            projections.attach(store)
+        before, cached = log_rows(store), caches(store)
+        a, c = handle(store, base_dir, "runner-a"), handle(store, base_dir, "runner-c")
+        lease = LeaseAcquired(lease_id="lease-x", session_id="s-x", lease_generation=1, issued_at=iso_ms(START_MS),
+                              expires_at=iso_ms(START_MS + HOUR), proxy_authority=proxy())
+
+        def writes_then_fails(tx: WriteTransaction) -> None:
+            # Through the rules and the read models (runner-b's rows change), then a failure of its own.
+            tx.append("runner-b", [lease], expected_version=1)
+            raise RuntimeError("the caller's own failure")
+
+        held = Held(store)
+        held.queue("a", lambda: a.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy()))
+        held.queue("fails", lambda: store.commit("fails", writes_then_fails))
+        if not last:
+            held.queue("c", lambda: c.acquire_lease(session_id="s-1", expected_generation=1,
+                                                    proxy_authority=proxy()))
+        outcomes = held.release()
+        assert isinstance(outcomes["fails"], RuntimeError) and str(outcomes["fails"]) == "the caller's own failure"
+        after = log_rows(store)
+        assert after[:len(before)] == before
+        assert [(row[1], row[3]) for row in after[len(before):]] == [("runner-a", "LeaseAcquired")] + (
+            [] if last else [("runner-c", "LeaseAcquired")])
+        assert store.streams() == list(RUNNERS)
+        assert caches(store)[0][1] == cached[0][1]  # runner-b's snapshot, as it was
+        assert store.backend.lease_rows_of("runner-b") == []
+        # The next append chains onto what was committed, not onto the rolled back rows.
+        tx_rows = store.append("runner-b", [lease], expected_version=1)
+        assert tx_rows[0].seq == after[-1][0] + 1 and tx_rows[0].prev == after[-1][7]
+    if not last:
+        proved(made)
+
+
+def test_a_write_inside_a_batch_is_refused_not_deadlocked(lifecycle_store: EventStore) -> None:
+    with pytest.raises(StoreError, match="transaction"):
+        lifecycle_store.commit("outer", lambda tx: lifecycle_store.commit("inner", lambda inner: None))
+    assert lifecycle_store.commit("after", lambda tx: tx.stream_version("runner-a")) == 1
+
+
+def test_a_lone_command_is_its_own_batch(made: Path, base_dir: Path) -> None:
+    with EventStore.open(made, now=FakeClock()) as store:
+        a = handle(store, base_dir, "runner-a")
+        batches, commands = store.group_commit.batches, store.group_commit.commands
+        a.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy())
+        a.request_drain(expected_generation=1)
+        assert (store.group_commit.batches, store.group_commit.commands) == (batches + 2, commands + 2)
+
+
+@pytest.fixture
+def lifecycle_store(made: Path) -> Iterator[EventStore]:
+    with EventStore.open(made, now=FakeClock()) as store:
+        yield store
+
+
+def test_tune_refuses_bounds_it_cannot_keep(lifecycle_store: EventStore) -> None:
+    from lifecycle_es import InvalidInputError
+
+    group = lifecycle_store.group_commit
+    for field, value in (("max_batch", 0), ("max_batch", True), ("linger_ms", -1), ("linger_ms", 101.0),
+                         ("linger_ms", "1")):
+        with pytest.raises(InvalidInputError) as caught:
+            group.tune(**{field: value})
+        assert caught.value.field == field
+    group.tune(max_batch=1, linger_ms=0)
+    assert (group.max_batch, group.linger_ms) == (1, 0.0)
+
+
+def test_a_reader_in_another_thread_never_sees_a_batch_in_flight(made: Path, base_dir: Path) -> None:
+    with EventStore.open(made, now=FakeClock()) as store:
+        head = store.head()
+        b = handle(store, base_dir, "runner-b")
+        state = b.state()
+        entered, gate = threading.Event(), threading.Event()
+        lease = LeaseAcquired(lease_id="lease-x", session_id="s-x", lease_generation=1, issued_at=iso_ms(START_MS),
+                              expires_at=iso_ms(START_MS + HOUR), proxy_authority=proxy())
+
+        def appends_then_fails(tx: WriteTransaction) -> None:
+            tx.append("runner-b", [lease], expected_version=1)  # in the file's transaction, not committed
+            entered.set()
+            assert gate.wait(20)
+            raise RuntimeError("rolled back")
+
+        failed: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                store.commit("write", appends_then_fails)
+            except RuntimeError as exc:
+                failed.append(exc)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        assert entered.wait(20)
+        seen: dict[str, Any] = {}
+        reader = threading.Thread(target=lambda: seen.update(
+            head=store.head(), events=len(list(store.read())), state=handle(store, base_dir, "runner-b").state()))
+        reader.start()
+        # Without the store's lock the reader returns at once with the uncommitted lease; with it, it waits.
+        reader.join(0.5)
+        gate.set()
+        writer.join(20)
+        reader.join(20)
+        assert seen == {"head": head, "events": head.seq, "state": state}
+        assert b.state() == state and len(failed) == 1
+
+
+def test_threads_racing_on_one_runner_lose_no_update_and_fence_one_generation(made: Path, base_dir: Path) -> None:
+    racers = 8
+    with EventStore.open(made, now=FakeClock()) as store:
+        projections.attach(store)
+        handles = [RunnerLifecycle(store, **{**RUNNER_DEFAULTS, "runner_id": "runner-a"},  # type: ignore[arg-type]
+                                   base_dir=str(base_dir / "runner-a"), now=FakeClock(),
+                                   random_id=SequentialIds(1000 * (n + 1)), snapshot_every=1)
+                   for n in range(racers)]
+
+        def race(command: Callable[[RunnerLifecycle, int], Any]) -> list[Any]:
+            start = threading.Barrier(racers)
+            outcomes: list[Any] = [None] * racers
+
+            def run(index: int) -> None:
+                start.wait()
+                try:
+                    outcomes[index] = command(handles[index], index)
+                except Exception as exc:  # the outcome the test asserts on
+                    outcomes[index] = exc
+
+            threads = [threading.Thread(target=run, args=(n,)) for n in range(racers)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            return outcomes
+
+        # Distinct sessions do not conflict: every lease is granted, none lost.
+        leases = race(lambda lifecycle, n: lifecycle.acquire_lease(session_id=f"s-{n}", expected_generation=1,
+                                                                   proxy_authority=proxy()))
+        assert not any(isinstance(outcome, Exception) for outcome in leases), leases
+        # One generation: exactly one drain wins, every other raises its own StaleFenceError.
+        drains = race(lambda lifecycle, n: lifecycle.request_drain(expected_generation=1))
+        refused = [outcome for outcome in drains if isinstance(outcome, Exception)]
+        assert len(refused) == racers - 1 and all(type(error) is StaleFenceError for error in refused)
+        assert len({id(error) for error in refused}) == racers - 1
+        state = projections.replay(store)["runner-a"]
+        assert sorted(lease.session_id for lease in state.leases) == sorted(f"s-{n}" for n in range(racers))
+        assert state.state == "draining" and state.generation == 2
+        assert all(lifecycle.state() == state for lifecycle in handles)
+    proved(made)

@@ -1,0 +1,142 @@
+"""A fault at a batch's commit fails every command of the batch (issue 14, group commit).
+
+Through `faultvfs.FaultVFS`, the commit of a known batch (held together by `holding.Held`) meets a
+failed fsync or a full disk. A failed fsync leaves the outcome unknown: every command that had got
+through raises its own StoreIOError with ``outcome_unknown``, the store fences itself as it does for
+a lone commit, and a reopen shows the batch whole or not at all. A full disk fails every such command
+with StoreFullError and changes nothing; no handle keeps the state it read inside the lost batch (a
+second handle on the same runner had seen the first's lease there). A command refused in the batch
+keeps its own refusal either way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import apsw
+import pytest
+from faultvfs import FaultVFS
+from holding import Held
+
+import projections
+from lifecycle_es import (
+    EventStore,
+    InvalidInputError,
+    RunnerLifecycle,
+    StaleFenceError,
+    StoreFencedError,
+    StoreFullError,
+    StoreIOError,
+)
+from lifecycle_es.canonical import iso_ms
+from lifecycle_es.testing import RUNNER_DEFAULTS, START_MS, FakeClock, SequentialIds
+from lifecycle_es.values import ProxyAuthority
+
+_names = itertools.count()
+HOUR = 3_600_000
+
+
+@pytest.fixture
+def vfs() -> Iterator[FaultVFS]:
+    made = FaultVFS(f"fault-group-{os.getpid()}-{next(_names)}")
+    try:
+        yield made
+    finally:
+        made.unregister()
+
+
+def proxy() -> ProxyAuthority:
+    return ProxyAuthority(id="proxy-1", revision=1, issued_at=iso_ms(START_MS), expires_at=iso_ms(START_MS + HOUR))
+
+
+def handle(store: EventStore, tmp_path: Path, runner_id: str, first_id: int = 1) -> RunnerLifecycle:
+    base_dir = tmp_path / "base" / runner_id
+    base_dir.mkdir(parents=True, exist_ok=True)
+    return RunnerLifecycle(store, **{**RUNNER_DEFAULTS, "runner_id": runner_id}, base_dir=str(base_dir),
+                           now=FakeClock(), random_id=SequentialIds(first_id))  # type: ignore[arg-type]
+
+
+def rows(store: EventStore) -> list[tuple[object, ...]]:
+    return [recorded.row() for recorded in store.read()]
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    made = tmp_path / "events.db"
+    with EventStore.open(made, now=FakeClock()) as store:
+        for runner_id in ("runner-a", "runner-b"):
+            handle(store, tmp_path, runner_id).initialize()
+    return made
+
+
+def test_an_unknown_commit_outcome_fails_every_command_of_the_batch_and_fences(
+        path: Path, tmp_path: Path, vfs: FaultVFS) -> None:
+    with EventStore.open(path, now=FakeClock(), vfs=vfs.name) as store:
+        before = rows(store)
+        a, b = handle(store, tmp_path, "runner-a"), handle(store, tmp_path, "runner-b")
+        b_again = handle(store, tmp_path, "runner-b")
+        held = Held(store)
+        held.queue("a", lambda: a.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy()))
+        held.queue("b", lambda: b.request_drain(expected_generation=1))
+        held.queue("stale", lambda: b_again.request_drain(expected_generation=1))
+        held.queue("append", lambda: store.append("runner-a", []))  # bad input: refused inside the batch
+        vfs.inject("sync", apsw.SQLITE_IOERR_FSYNC, at=1)
+        outcomes = held.release()
+        assert isinstance(outcomes["stale"], StaleFenceError)
+        assert isinstance(outcomes["append"], InvalidInputError) and outcomes["append"].field == "events"
+        failed = [outcomes["a"], outcomes["b"]]
+        assert all(type(error) is StoreIOError and error.outcome_unknown for error in failed), outcomes
+        assert failed[0] is not failed[1]  # each caller raises its own
+        assert store.fenced is not None
+        with pytest.raises(StoreFencedError):
+            a.acquire_lease(session_id="s-2", expected_generation=1, proxy_authority=proxy())
+    with EventStore.open(path) as reopened:
+        after = rows(reopened)
+        reopened.verify()
+    assert after[:len(before)] == before
+    # The batch is there whole or not at all.
+    assert [(row[1], row[3]) for row in after[len(before):]] in (
+        [], [("runner-a", "LeaseAcquired"), ("runner-b", "DrainRequested"), ("runner-b", "RunnerParked")])
+
+
+def test_a_full_disk_at_commit_fails_the_batch_and_no_handle_keeps_what_it_read_there(
+        path: Path, tmp_path: Path, vfs: FaultVFS) -> None:
+    with EventStore.open(path, now=FakeClock(), vfs=vfs.name) as store:
+        before = rows(store)
+        first, second = handle(store, tmp_path, "runner-a"), handle(store, tmp_path, "runner-a", 100)
+        first.state(), second.state()
+        held = Held(store)
+        held.queue("first", lambda: first.acquire_lease(session_id="s-1", expected_generation=1,
+                                                        proxy_authority=proxy()))
+        held.queue("second", lambda: second.acquire_lease(session_id="s-2", expected_generation=1,
+                                                          proxy_authority=proxy()))
+        vfs.inject("write", apsw.SQLITE_FULL, at=1, count=None)
+        outcomes = held.release()
+        vfs.clear_faults()
+        assert all(type(outcomes[name]) is StoreFullError for name in ("first", "second")), outcomes
+        assert store.fenced is None and rows(store) == before
+        replayed = projections.replay(store)["runner-a"]
+        # The second handle had read the first's lease inside the lost batch: it must not keep it.
+        assert first.state() == second.state() == replayed and replayed.leases == ()
+        receipt = second.acquire_lease(session_id="s-2", expected_generation=1, proxy_authority=proxy())
+        assert [lease.session_id for lease in second.state().leases] == ["s-2"] == [
+            lease.session_id for lease in projections.replay(store)["runner-a"].leases]
+        assert receipt.lease.session_id == "s-2"
+        store.verify()
+
+
+def test_a_store_fenced_while_a_batch_waited_fails_each_command_with_its_own_fence(path: Path, tmp_path: Path) -> None:
+    with EventStore.open(path, now=FakeClock()) as store:
+        a, b = handle(store, tmp_path, "runner-a"), handle(store, tmp_path, "runner-b")
+        held = Held(store)
+        held.queue("a", lambda: a.request_drain(expected_generation=1))
+        held.queue("b", lambda: b.request_drain(expected_generation=1))
+        store.fence("the test fenced it")
+        outcomes = held.release()
+        errors = [outcomes["a"], outcomes["b"]]
+        assert all(type(error) is StoreFencedError for error in errors) and errors[0] is not errors[1]
+        assert [str(error) for error in errors] == ["the store is fenced: the test fenced it"] * 2
+        assert [error.cause for error in errors] == ["the test fenced it"] * 2
