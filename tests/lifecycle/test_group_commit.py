@@ -56,7 +56,7 @@ def caches(store: EventStore) -> tuple[Any, ...]:
     return snapshots, backend.read_model_rows("runners"), backend.read_model_rows("leases")
 
 
-def proved(path: Path) -> None:
+def proved(path: Path | str) -> None:
     report = audit(path)
     assert report.ok, report.problems
     assert report.checks["chain"] and report.checks["rules"] and report.checks["snapshots"]
@@ -81,9 +81,11 @@ def made(tmp_path: Path, base_dir: Path) -> Path:
     return path
 
 
-def test_n_threads_times_m_commands_all_land_and_the_caches_stay_proved(tmp_path: Path, base_dir: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_n_threads_times_m_commands_all_land_and_the_caches_stay_proved(request: pytest.FixtureRequest, backend: str,
+                                                                       tmp_path: Path, base_dir: Path) -> None:
     threads, pairs = 8, 6
-    path = tmp_path / "events.db"
+    path = request.getfixturevalue("pg_url") if backend == "postgres" else str(tmp_path / "events.db")
     with EventStore.open(path, now=FakeClock()) as store:
         projections.attach(store)
         lifecycles = [handle(store, base_dir, f"runner-{n}") for n in range(threads)]
