@@ -155,6 +155,11 @@ class Backend(Protocol):
 
     # --- host leases (one row per runner; renewals write here, never to the log) ----------------------
 
+    def clock_ms(self) -> int | None:
+        """The database's own clock, epoch ms, read now; None when it has none (SQLite, a file: the store's
+        clock decides). Host leases of a server's store expire by it, so drivers' clocks may disagree."""
+        ...
+
     def host_lease(self, stream: str) -> HostLeaseRow | None:
         """The runner's host lease row, (holder, token, expires_ms), or None when no driver ever took it.
 

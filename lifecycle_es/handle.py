@@ -162,7 +162,7 @@ class RunnerHandle:
             grant = self._host_grant
             if grant is not None:
                 # A host's write: its lease checked under this lock, its token on every event it appends.
-                check_grant(tx, grant, now_ms)
+                check_grant(tx, grant, tx.lease_clock(now_ms))
                 events = stamped(events, grant.token)
             state = current.state
             for event in events:

@@ -42,7 +42,8 @@ class HostLeaseGrant(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def check_grant(tx: WriteTransaction, grant: HostLeaseGrant, now_ms: int) -> None:
-    """HostFencedError unless `grant` is the runner's current host lease, unexpired at `now_ms` (store clock)."""
+    """HostFencedError unless `grant` is the runner's current host lease, unexpired at `now_ms` (the time the
+    transaction judges leases at: `WriteTransaction.lease_clock`)."""
     row = tx.host_lease(grant.runner_id)
     if row is None:
         raise HostFencedError(grant.runner_id, grant.holder, grant.token, "the runner has no host lease")

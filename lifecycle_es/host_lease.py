@@ -70,21 +70,22 @@ class HostLeaseCommands(RunnerHandle):
                 raise UnknownRunnerError(f"runner {self.runner_id} is not initialized (call initialize() first)")
             self._check_identity(current.state)
             now_ms = self._stamp(tx, current.state)
+            lease_ms = tx.lease_clock(now_ms)
             row = tx.host_lease(self.runner_id)
-            act_after_ms = now_ms
+            act_after_ms = lease_ms
             if row is not None and row[0] != holder:
-                if now_ms < row[2]:
-                    raise HostLeaseHeldError(self.runner_id, row[0], row[2] - now_ms)
-                act_after_ms = max(now_ms, row[2] + grace_ms)
+                if lease_ms < row[2]:
+                    raise HostLeaseHeldError(self.runner_id, row[0], row[2] - lease_ms)
+                act_after_ms = max(lease_ms, row[2] + grace_ms)
             token = max(row[1] if row is not None else 0, current.state.host_token) + 1
             at = iso_ms(now_ms)
             event = HostLeaseAcquired(holder=holder, token=token, ttl_ms=ttl_ms)
             state = apply(current.state, event, now_ms, at)
             recorded = tx.append_unchecked(self.runner_id, [event], expected_version=current.version, at=at)
-            tx.put_host_lease(self.runner_id, holder, token, now_ms + ttl_ms)
+            tx.put_host_lease(self.runner_id, holder, token, lease_ms + ttl_ms)
         self._folded = Folded(state, recorded[-1].version, recorded[-1].seq)
-        grant = HostLeaseGrant(runner_id=self.runner_id, holder=holder, token=token, ttl_ms=ttl_ms, taken_ms=now_ms,
-                               expires_ms=now_ms + ttl_ms, act_after_ms=act_after_ms)
+        grant = HostLeaseGrant(runner_id=self.runner_id, holder=holder, token=token, ttl_ms=ttl_ms, taken_ms=lease_ms,
+                               expires_ms=lease_ms + ttl_ms, act_after_ms=act_after_ms)
         self._host_grant = grant
         return grant
 
@@ -92,7 +93,7 @@ class HostLeaseCommands(RunnerHandle):
         """Move the lease's expiry to the store's now + ttl; no event. HostFencedError when it is no longer held."""
         self._check_grant_arg(grant)
         with self.store.transaction("renew host lease") as tx:
-            now_ms = self._stamp(tx, None)
+            now_ms = tx.lease_clock(self._stamp(tx, None))
             check_grant(tx, grant, now_ms)
             tx.put_host_lease(self.runner_id, grant.holder, grant.token, now_ms + grant.ttl_ms)
         return HostLeaseGrant(runner_id=grant.runner_id, holder=grant.holder, token=grant.token, ttl_ms=grant.ttl_ms,

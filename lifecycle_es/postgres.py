@@ -332,6 +332,11 @@ class PostgresBackend(ServerReadModelTables):
 
     # --- host leases (renewals write here, never to the log) ---------------------------------------
 
+    def clock_ms(self) -> int | None:
+        """The server's clock (clock_timestamp()), epoch ms: host leases expire by it, whatever the drivers'."""
+        rows = self._rows("read the server's clock", self._sql.clock)
+        return int(rows[0][0])
+
     def host_lease(self, stream: str) -> HostLeaseRow | None:
         """(holder, token, expires_ms) of the runner's host lease, or None; inside a write transaction it
         is read after the head row was locked, so no other writer can change it before the commit."""
@@ -513,6 +518,7 @@ class _Statements:
                              " version = excluded.version, seq = excluded.seq, state = excluded.state,"
                              " event_hash = excluded.event_hash")
         self.snapshot_positions = f"SELECT stream, seq FROM {s}.snapshots ORDER BY seq"
+        self.clock = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
         self.host_lease = f"SELECT holder, token, expires_ms FROM {s}.host_leases WHERE stream = %s"
         self.put_host_lease = (f"INSERT INTO {s}.host_leases (stream, holder, token, expires_ms)"
                                " VALUES (%s, %s, %s, %s)"

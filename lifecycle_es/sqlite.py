@@ -406,6 +406,10 @@ class SqliteBackend(ReadModelTables):
                 "SELECT version, seq, state, event_hash FROM snapshots WHERE stream = ?", (stream,)).fetchall()
         return cast("tuple[int, int, bytes, bytes]", rows[0]) if rows else None
 
+    def clock_ms(self) -> int | None:
+        """None: a file has no clock of its own (the store's clock decides host leases' expiry)."""
+        return None
+
     def host_lease(self, stream: str) -> HostLeaseRow | None:
         """(holder, token, expires_ms) of the runner's host lease, or None. A primary key lookup."""
         with translated("read the host lease"):

@@ -620,6 +620,12 @@ class WriteTransaction:
         """The runner's host lease row as of this transaction (read under the lock; see `lifecycle_es.host_lease`)."""
         return self._store._backend.host_lease(stream)
 
+    def lease_clock(self, now_ms: int) -> int:
+        """The time host leases are judged at in this transaction: the database's clock where it has one (a
+        server), else `now_ms` (the time the transaction stamps)."""
+        database = self._store._backend.clock_ms()
+        return now_ms if database is None else database
+
     def put_host_lease(self, stream: str, holder: str, token: int, expires_ms: int) -> None:
         """Write the runner's host lease row in this transaction (a renewal is no event)."""
         self._store._backend.put_host_lease(stream, holder, token, expires_ms)

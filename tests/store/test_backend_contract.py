@@ -11,6 +11,7 @@ import contextlib
 import math
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -202,6 +203,11 @@ class BackendContract:
             backend.set_meta("key_id", KEY_ID)
             raise RuntimeError("the block failed")
         assert backend.head()[0] == 1 and backend.meta("key_id") is None and backend.tail("a")[:2] == (1, 1)
+
+    def test_the_database_clock_is_none_or_epoch_ms(self) -> None:
+        clock = self.connect().clock_ms()
+        # A file has no clock (the store's decides); a server's is its own, near this machine's here.
+        assert clock is None or abs(clock - time.time_ns() // 1_000_000) < 3_600_000
 
     def test_a_savepoint_rolls_back_its_block_alone(self) -> None:
         backend, log = self.connect(), LogRows()

@@ -6,6 +6,7 @@ backend contract, on both.)"""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -297,3 +298,22 @@ def test_a_store_on_a_server_seals_only_to_a_named_file(pg_url: str, tmp_path: o
     assert sealed.seq == 1
     with EventStore.open(pg_url, seal=f"{tmp_path}/fleet.seal") as store:
         assert store.head().seq == 1
+
+
+def test_host_leases_expire_by_the_servers_clock_not_a_drivers(pg_url: str, tmp_path: object) -> None:
+    from lifecycle_es import HostLeaseHeldError, Resources, RunnerLifecycle
+
+    wall = time.time_ns() // 1_000_000
+    handles = []
+    with EventStore.open(pg_url) as store:
+        for skew in (0, 3_600_000):  # the second driver's clock runs an hour ahead
+            handles.append(RunnerLifecycle(store, runner_id="runner-1", target="local", base_dir=str(tmp_path),
+                                           resources=Resources(cpu_seconds=60, memory_bytes=1 << 30),
+                                           post_session_hook_digest="sha256:" + "a" * 64,
+                                           now=lambda skew=skew: time.time_ns() // 1_000_000 + skew))
+        handles[0].initialize()
+        grant = handles[0].take_host_lease(holder="host-a/boot/1", ttl_ms=60_000)
+        assert abs(grant.taken_ms - wall) < 600_000  # judged by the server's clock
+        with pytest.raises(HostLeaseHeldError):  # by its own clock the lease expired long ago; not by the server's
+            handles[1].take_host_lease(holder="host-b/boot/1", ttl_ms=60_000)
+        handles[0].renew_host_lease(grant)
