@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from .backend import PAGE_ROWS
 from .errors import InvalidInputError
 from .events import Event
+from .host_fence import HostLeaseGrant
 from .lifecycle import RunnerLifecycle
 from .log import Head, RecordedEvent, VerifyReport
 from .receipts import DrainParkSnapshot, HookReceipt, LeaseParkSnapshot, LeaseReceipt, PollResult, RunnerSnapshot
@@ -251,6 +252,22 @@ class AsyncRunnerLifecycle:
     async def record_host_facts(self, events: list[Event]) -> list[RecordedEvent]:
         """`RunnerLifecycle.record_host_facts`, awaited."""
         return await self.store.run(self.lifecycle.record_host_facts, events)
+
+    async def take_host_lease(self, **arguments: Any) -> HostLeaseGrant:
+        """`RunnerLifecycle.take_host_lease`, awaited."""
+        return await self.store.run(self.lifecycle.take_host_lease, **arguments)
+
+    async def renew_host_lease(self, grant: HostLeaseGrant) -> HostLeaseGrant:
+        """`RunnerLifecycle.renew_host_lease`, awaited."""
+        return await self.store.run(self.lifecycle.renew_host_lease, grant)
+
+    async def release_host_lease(self, grant: HostLeaseGrant) -> bool:
+        """`RunnerLifecycle.release_host_lease`, awaited."""
+        return await self.store.run(self.lifecycle.release_host_lease, grant)
+
+    def hold_host_lease(self, grant: HostLeaseGrant | None) -> None:
+        """`RunnerLifecycle.hold_host_lease` (no I/O: it only says which lease this handle writes under)."""
+        self.lifecycle.hold_host_lease(grant)
 
     async def authorize_post_session_hook(self, **arguments: Any) -> HookReceipt:
         """`RunnerLifecycle.authorize_post_session_hook`, awaited."""
