@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from fleets import KEY, fleet_in, long_in
 from pg import NEED, Server, binaries, cluster
+from targets import Places
 
 from lifecycle_es import EventStore
 from lifecycle_es.testing import FakeClock
@@ -38,6 +39,18 @@ def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "postgres":
         return str(request.getfixturevalue("pg_url"))
     return str(tmp_path / "events.db")
+
+
+@pytest.fixture(params=BACKENDS)
+def places(request: pytest.FixtureRequest) -> Iterator[Places]:
+    """Fresh store targets for a test that makes many stores (a property test's examples, a state machine's
+    runs), once per backend; every store made is removed after the test."""
+    server: Server | None = request.getfixturevalue("pg_server") if request.param == "postgres" else None
+    made = Places(request.param, server)
+    try:
+        yield made
+    finally:
+        made.clean()
 
 
 @pytest.fixture

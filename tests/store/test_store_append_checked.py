@@ -5,12 +5,10 @@ backends (the property tests make a fresh store per example: a file, or a schema
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from itertools import groupby
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from pg import Server
 from targets import Places, durable_state
 
 from lifecycle_es import EventStore, InvalidInputError, audit
@@ -19,15 +17,6 @@ from lifecycle_es.events import Event, LeaseSettled, RunnerParked
 from lifecycle_es.testing import event_logs, invalid_event_logs
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def places(request: pytest.FixtureRequest) -> Iterator[Places]:
-    """Fresh stores for each example of a property test, on each backend."""
-    server: Server | None = request.getfixturevalue("pg_server") if request.param == "postgres" else None
-    made = Places(request.param, server)
-    yield made
-    made.clean()
 
 
 def commands(log: list[tuple[int, Event]]) -> list[tuple[int, int, list[Event]]]:

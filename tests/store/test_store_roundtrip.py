@@ -2,16 +2,15 @@
 
 The model is a list of rows ``(seq, stream, version, type, at, body)``; after every step the log must
 read back exactly as the model says (the bytes stored are the canonical bytes of the event appended),
-every query must agree with it, and the chain must verify, keyed or not.
+every query must agree with it, and the chain must verify, keyed or not. On both backends: the model and
+the paging cases run against a file and against a schema on a PostgreSQL server.
 """
 
 from __future__ import annotations
 
 import itertools
-import shutil
-import tempfile
 import threading
-import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,9 @@ import apsw
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from pg import Server
+from targets import Places
 
 from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError
 from lifecycle_es import store as store_module
@@ -64,12 +65,13 @@ def as_model(recorded: Any) -> ModelRow:
 
 
 class StoreModel(RuleBasedStateMachine):
-    """The real store, on a real file, beside a list of the rows it must hold."""
+    """The real store, fresh for each run (a file, or a schema on a server), beside a list of the rows it
+    must hold."""
 
-    def __init__(self) -> None:
+    def __init__(self, places: Places) -> None:
         super().__init__()
-        self.directory = Path(tempfile.mkdtemp(prefix="store-model-"))
-        self.path = self.directory / "events.db"
+        self.places = places
+        self.path = places.new()
         self.clock = FakeClock()
         self.rows: list[ModelRow] = []
         self.events: list[Event] = []
@@ -176,11 +178,12 @@ class StoreModel(RuleBasedStateMachine):
     def teardown(self) -> None:
         if self.store is not None:
             self.store.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self.places.clean()
 
 
-StoreModel.TestCase.settings = settings(max_examples=20, stateful_step_count=15, deadline=None)
-TestStoreModel = StoreModel.TestCase
+def test_store_against_the_model(places: Places) -> None:
+    run_state_machine_as_test(lambda: StoreModel(places),
+                              settings=settings(max_examples=20, stateful_step_count=15, deadline=None))
 
 
 # --- paging across PAGE ------------------------------------------------------------------------------------
@@ -192,10 +195,26 @@ def stream_of(seq: int) -> str:
     return "a" if seq % 3 else ("b" if seq % 2 else "c")
 
 
+def module_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A target for a module's store on the backend `request.param` names; removed after the module."""
+    if request.param == "postgres":
+        server: Server = request.getfixturevalue("pg_server")
+        schema = server.new_schema()
+        yield server.url(schema)
+        server.drop(schema)
+    else:
+        yield str(tmp_path_factory.mktemp("log") / "events.db")
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def long_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from module_target(request, tmp_path_factory)
+
+
 @pytest.fixture(scope="module")
-def long_log(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def long_log(long_target: str) -> Any:
     assert store_module.PAGE == 2000, "the cases below are placed around a 2000-row page"
-    path = tmp_path_factory.mktemp("long") / "events.db"
+    path = long_target
     with EventStore.open(path, now=FakeClock().now) as store:
         with store.transaction() as tx:  # one commit: 4500 fsyncs would cost seconds for nothing
             for seq in range(1, TOTAL + 1):
@@ -259,10 +278,15 @@ def large_drain(n: int) -> DrainExpired:
                         deadline_at="2026-01-01T00:00:00.000Z")
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def large_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from module_target(request, tmp_path_factory)
+
+
 @pytest.fixture(scope="module")
-def large_log(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def large_log(large_target: str) -> Any:
     """60 events of about 260 KB (15 MB) in two streams, then a small one."""
-    path = tmp_path_factory.mktemp("large") / "events.db"
+    path = large_target
     with EventStore.open(path, now=FakeClock().now) as store:
         with store.transaction() as tx:
             for n in range(60):
@@ -421,8 +445,8 @@ def test_follow_one_stream_after_a_seq(store: EventStore) -> None:
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.binary(min_size=32, max_size=32), events=st.lists(EVENTS, min_size=1, max_size=8))
-def test_keyed_round_trip_survives_reopen(tmp_path: Path, key: bytes, events: list[Event]) -> None:
-    path = tmp_path / f"{uuid.uuid4().hex}.db"
+def test_keyed_round_trip_survives_reopen(places: Places, key: bytes, events: list[Event]) -> None:
+    path = places.new()
     with EventStore.open(path, key=key) as store:
         written = store.append_unchecked("runner-1", events, expected_version=0)
     with EventStore.open(path, key=key) as store:
