@@ -9,10 +9,11 @@ examples (which cannot take pytest fixtures).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,37 @@ def raw_insert(store: EventStore, row: Sequence[Any]) -> None:
         backend.execute(f"SELECT {schema}.advance_head(%s, %s, %s, %s, %s)", (row[0], row[6], row[0], row[7], row[4]))
     else:
         backend.execute(f"INSERT INTO events ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+
+
+Run = Callable[..., list[tuple[Any, ...]]]
+
+
+@contextlib.contextmanager
+def raw_sql(target: str) -> Iterator[Run]:
+    """A connection of its own to the store at `target`, as anyone with write access to it (a file's owner,
+    a server's superuser) could open: ``run(sql, params=())`` runs one statement in autocommit and returns
+    its rows. On a server, `sql` names the store's tables unqualified (the schema is the search path) and
+    ``?`` stands for a parameter, as in SQLite."""
+    if is_url(target):
+        import psycopg
+
+        server = server_target(target)
+        with psycopg.connect(server.conninfo, autocommit=True) as conn:
+            conn.execute(f"SET search_path TO {server.schema}")  # type: ignore[arg-type]
+
+            def run_on_server(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+                cursor = conn.execute(sql.replace("?", "%s"), params)  # type: ignore[arg-type]
+                return cursor.fetchall() if cursor.description else []
+
+            yield run_on_server
+        return
+    import apsw
+
+    file = apsw.Connection(target)
+    try:
+        yield lambda sql, params=(): file.execute(sql, params).fetchall()
+    finally:
+        file.close()
 
 
 class Places:
