@@ -220,18 +220,22 @@ def test_the_report_is_plain_json_values(fleet: Log) -> None:
 
 # --- a superuser's edits of a server's rows -------------------------------------------------------------
 
+HEAD_SEQ = 32  # build_fleet's head (checked below)
+BACK_ONE = "UPDATE head SET (seq, hash, at) = (SELECT seq, hash, at FROM events ORDER BY seq DESC LIMIT 1)"
+
+
 @pytest.fixture
-def server_log(pg_url: str, tmp_path: Path) -> tuple[str, str, int]:
-    """A fleet log on the server, closed: its URL, its seal file, and its head seq."""
+def server_log(pg_url: str, tmp_path: Path) -> tuple[str, str]:
+    """A fleet log on the server, closed and audited whole: its URL and its seal file."""
     seal = str(tmp_path / "fleet.seal")
-    head = build_fleet(pg_url, base=tmp_path / "base", seal=seal)["head"]
+    assert build_fleet(pg_url, base=tmp_path / "base", seal=seal)["head"] == HEAD_SEQ
     assert audit(pg_url, seal=seal).ok
-    return pg_url, seal, head
+    return pg_url, seal
 
 
-def as_superuser(server: Server, url: str, *statements: str) -> None:
+def as_superuser(server: Server, url: str, *statements: str, enable_again: bool = True) -> None:
     """Run `statements` on the store's schema as the cluster's superuser, past the append-only trigger
-    (disabled first and enabled again after, so the schema itself is left as the store made it)."""
+    (disabled first and, when `enable_again`, enabled after: the schema left as the store made it)."""
     schema = server_target(url).schema
     with psycopg.connect(server.conninfo(), autocommit=True) as conn:
         conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
@@ -240,33 +244,44 @@ def as_superuser(server: Server, url: str, *statements: str) -> None:
             for statement in statements:
                 conn.execute(statement.format(head=HEAD_SEQ))  # type: ignore[arg-type]
         finally:
-            conn.execute("ALTER TABLE events ENABLE TRIGGER events_no_change")
+            if enable_again:
+                conn.execute("ALTER TABLE events ENABLE TRIGGER events_no_change")
 
 
-HEAD_SEQ = 32  # build_fleet's head (checked below)
-BACK_ONE = "UPDATE head SET (seq, hash, at) = (SELECT seq, hash, at FROM events ORDER BY seq DESC LIMIT 1)"
-
-
-@pytest.mark.parametrize(("statements", "first"), [
-    pytest.param(["UPDATE events SET at = '2026-01-01T00:00:00.001Z' WHERE seq = 3"], (3, "chain"), id="edited-at"),
-    pytest.param(["UPDATE events SET body = body || ' '::bytea WHERE seq = 4"], (4, "chain"), id="edited-body"),
-    pytest.param(["DELETE FROM events WHERE seq = 2"], (2, "chain"), id="deleted-middle"),
-    # The head row moved back with it, as a careful editor would: the log is whole but behind its seal (and
+@pytest.mark.parametrize(("statements", "first", "behind_seal"), [
+    pytest.param(["UPDATE events SET at = '2026-01-01T00:00:00.001Z' WHERE seq = 3"], (3, "chain"), False,
+                 id="edited-at"),
+    pytest.param(["UPDATE events SET body = body || ' '::bytea WHERE seq = 4"], (4, "chain"), False,
+                 id="edited-body"),
+    pytest.param(["DELETE FROM events WHERE seq = 2"], (2, "chain"), False, id="deleted-middle"),
+    # The head row moved back with it, as a careful editor would: the chain is whole but behind its seal (and
     # its last runner is left with a park pending).
-    pytest.param(["DELETE FROM events WHERE seq = {head}", BACK_ONE], (HEAD_SEQ - 1, "rules"), id="deleted-last"),
+    pytest.param(["DELETE FROM events WHERE seq = {head}", BACK_ONE], (HEAD_SEQ - 1, "rules"), True,
+                 id="deleted-last"),
     # A row appended with a made-up hash, the head row advanced to it.
     pytest.param(["INSERT INTO events SELECT seq + 1, stream, version + 1, type, at, body, hash, sha256(hash)"
-                  " FROM events WHERE seq = {head}", BACK_ONE], (HEAD_SEQ + 1, "chain"), id="forged-row"),
+                  " FROM events WHERE seq = {head}", BACK_ONE], (HEAD_SEQ + 1, "chain"), False, id="forged-row"),
 ])
-def test_a_superusers_edit_of_a_server_store_is_caught_at_its_seq(pg_server: Server,
-                                                                   server_log: tuple[str, str, int],
-                                                                   statements: list[str],
-                                                                   first: tuple[int, str]) -> None:
-    url, seal, head = server_log
-    assert head == HEAD_SEQ
+def test_a_superusers_edit_of_a_server_store_is_caught_at_its_seq(pg_server: Server, server_log: tuple[str, str],
+                                                                   statements: list[str], first: tuple[int, str],
+                                                                   behind_seal: bool) -> None:
+    url, seal = server_log
     as_superuser(pg_server, url, *statements)
     report = audit(url, seal=seal)
     assert not report.ok and report.first_problem is not None, report
     assert (report.first_problem.seq, report.first_problem.kind) == first, report.problems
-    # Rows gone from the tail leave the log behind its seal: that is reported too.
-    assert ("seal" in [problem.kind for problem in report.problems]) == (first == (HEAD_SEQ - 1, "rules"))
+    assert report.checks["schema"] is True  # the trigger was put back: only the rows tell
+    assert ("seal" in [problem.kind for problem in report.problems]) is behind_seal, report.problems
+
+
+def test_a_trigger_a_superuser_left_disabled_is_a_schema_problem(pg_server: Server,
+                                                                 server_log: tuple[str, str]) -> None:
+    url, seal = server_log
+    as_superuser(pg_server, url, "UPDATE events SET at = '2026-01-01T00:00:00.001Z' WHERE seq = 5",
+                 enable_again=False)
+    report = audit(url, seal=seal)
+    schema = [problem for problem in report.problems if problem.kind == "schema"]
+    assert report.checks["schema"] is False and report.checks["chain"] is False
+    assert schema and all("events_no_change" in problem.reason and "(disabled)" in problem.reason
+                          for problem in schema), report.problems
+    assert [(problem.seq, problem.kind) for problem in report.problems if problem.kind == "chain"][:1] == [(5, "chain")]

@@ -12,20 +12,19 @@ import itertools
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-import apsw
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from pg import Server
-from targets import Places
+from targets import Places, raw_sql
 
 from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError
 from lifecycle_es import store as store_module
 from lifecycle_es.backend import MAX_EVENT_BYTES, PAGE_BYTES
+from lifecycle_es.backends import is_url
 from lifecycle_es.canonical import MAX_EPOCH_MS, iso_ms
 from lifecycle_es.events import (
     DrainExpired,
@@ -314,19 +313,21 @@ def test_pages_end_by_bytes_as_well_as_rows(large_log: Any) -> None:
     assert store.verify().events == len(rows)
 
 
-def test_a_body_beyond_the_bound_is_never_loaded_and_named_by_seq(tmp_path: Path) -> None:
-    """A body an attacker made larger than MAX_EVENT_BYTES (the append-only triggers dropped and put
-    back): reads yield the rows before it, then raise IntegrityError at its seq."""
-    path = tmp_path / "events.db"
+def test_a_body_beyond_the_bound_is_never_loaded_and_named_by_seq(store_target: str) -> None:
+    """A body an attacker made larger than MAX_EVENT_BYTES (the append-only trigger dropped or disabled,
+    and put back): reads yield the rows before it, then raise IntegrityError at its seq."""
+    path = store_target
     with EventStore.open(path) as store:
         store.append_unchecked("a", [ReclaimCompleted(generation=n) for n in range(1, 6)])
-    conn = apsw.Connection(str(path))
-    try:
-        conn.execute("DROP TRIGGER events_no_update")
-        conn.execute("UPDATE events SET body = zeroblob(?) WHERE seq = 3", (MAX_EVENT_BYTES + 1,))
-        conn.execute(MIGRATIONS[1][2])  # events_no_update, as it was
-    finally:
-        conn.close()
+    with raw_sql(path) as run:
+        if is_url(path):
+            run("ALTER TABLE events DISABLE TRIGGER events_no_change")
+            run("UPDATE events SET body = decode(repeat('00', ?), 'hex') WHERE seq = 3", (MAX_EVENT_BYTES + 1,))
+            run("ALTER TABLE events ENABLE TRIGGER events_no_change")
+        else:
+            run("DROP TRIGGER events_no_update")
+            run("UPDATE events SET body = zeroblob(?) WHERE seq = 3", (MAX_EVENT_BYTES + 1,))
+            run(MIGRATIONS[1][2])  # events_no_update, as it was
     with EventStore.open(path, read_only=True) as store:
         seen = []
         with pytest.raises(IntegrityError, match=f"{MAX_EVENT_BYTES + 1:,} bytes, beyond the bound") as info:
