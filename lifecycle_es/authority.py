@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from .backends import is_url
 from .canonical import MAX_EPOCH_MS
 from .errors import InvalidInputError, LifecycleError, StaleFenceError
 from .fences import AUTHORITY_STALE, check_identity, check_lease_authority, named
@@ -61,14 +62,17 @@ def assert_lease_authority(profile: LeaseProfile | Mapping[str, Any], target: st
     profile = _profile(profile)
     target = safe_target(target)
     path = profile.authority_file
-    if not isinstance(path, str) or not os.path.isabs(path) or len(path) > 4096 or "\0" in path:
+    # A store on a server is named by its URL (a receipt's authority_file is the store's path).
+    if (not isinstance(path, str) or not (is_url(path) or os.path.isabs(path)) or len(path) > 4096
+            or "\0" in path):
         raise InvalidInputError("profile.authority_file", f"runner authority file is invalid: {shown(path)} is not "
-                                                          "an absolute path (take the profile from a lease receipt)")
+                                                          "an absolute path or a store URL (take the profile from a "
+                                                          "lease receipt)")
     safe_id(profile.runner_id, "profile.runner_id")
     if now is not None and not callable(now):
         raise InvalidInputError("now", f"now must be a callable returning epoch milliseconds, got "
                                        f"{type(now).__name__}")
-    with EventStore.open(os.path.normpath(path), read_only=True) as store:
+    with EventStore.open(path if is_url(path) else os.path.normpath(path), read_only=True) as store:
         state = load(store, profile.runner_id).state
     if state is None:
         raise StaleFenceError(f"{AUTHORITY_STALE} (lease_id {named(profile.lease.id)}): runner {profile.runner_id} "

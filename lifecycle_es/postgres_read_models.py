@@ -44,15 +44,21 @@ class ServerReadModelTables:
         """Reconnect a lost connection (the backend's own)."""
         raise NotImplementedError
 
-    def _run(self, action: str, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def _run(self, action: str, query: str, params: Sequence[Any] = ()) -> None:
         self._live()
         with translated(action, self.path):
-            cursor = self.conn.execute(query.format(s=self.schema), params)
-            return cursor.fetchall() if cursor.description else []
+            self.conn.execute(query.format(s=self.schema), params)
+
+    def _read(self, action: str, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        # Always fetched: in a write transaction's pipeline a cursor has no description until its result
+        # is fetched, so a read that asked first would come back empty.
+        self._live()
+        with translated(action, self.path):
+            return self.conn.execute(query.format(s=self.schema), params).fetchall()
 
     def read_model_tables(self) -> set[str]:
         """Which of the read models' tables the schema holds."""
-        rows = self._run("list the read models", "SELECT table_name FROM information_schema.tables"
+        rows = self._read("list the read models", "SELECT table_name FROM information_schema.tables"
                          " WHERE table_schema = %s AND table_name IN ('runners', 'leases', 'read_model_position')",
                          (self.schema,))
         return {str(row[0]) for row in rows}
@@ -76,7 +82,7 @@ class ServerReadModelTables:
         """The last seq the read models applied: None without a position table, 0 without its row."""
         if "read_model_position" not in self.read_model_tables():
             return None
-        rows = self._run("read the read models' position", "SELECT seq FROM {s}.read_model_position WHERE name = %s",
+        rows = self._read("read the read models' position", "SELECT seq FROM {s}.read_model_position WHERE name = %s",
                          (POSITION_NAME,))
         return int(rows[0][0]) if rows else 0
 
@@ -109,13 +115,13 @@ class ServerReadModelTables:
             return []
         columns = RUNNER_COLUMNS if table == "runners" else LEASE_COLUMNS
         order = 'runner_id COLLATE "C"' + ("" if table == "runners" else ', lease_id COLLATE "C"')
-        return self._run(f"read {table} rows", f"SELECT {', '.join(columns)} FROM {{s}}.{table} ORDER BY {order}")
+        return self._read(f"read {table} rows", f"SELECT {', '.join(columns)} FROM {{s}}.{table} ORDER BY {order}")
 
     def lease_rows_of(self, runner_id: str) -> list[tuple[Any, ...]]:
         """One runner's ``leases`` rows, ordered by lease id (empty when the table is missing)."""
         if "leases" not in self.read_model_tables():
             return []
-        return self._run("read leases rows", f"SELECT {', '.join(LEASE_COLUMNS)} FROM {{s}}.leases"
+        return self._read("read leases rows", f"SELECT {', '.join(LEASE_COLUMNS)} FROM {{s}}.leases"
                          ' WHERE runner_id = %s ORDER BY lease_id COLLATE "C"', (runner_id,))
 
 

@@ -147,8 +147,13 @@ def writer_grants(schema: str, role: str) -> list[str]:
 
 
 def store_exists(conn: psycopg.Connection[Any], schema: str) -> bool:
-    """Whether `schema` holds a ``meta`` table (a store, or something claiming to be one)."""
-    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.meta",)).fetchone()
+    """Whether `schema` holds a ``meta`` table (a store, or something claiming to be one).
+
+    Read from ``pg_class`` with the statement's own snapshot, not by name lookup (``to_regclass``): the
+    backend's cache of names may still say "no such table" after another creator committed one, which a
+    creator that waited on the creators' lock would then make a second time."""
+    row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON "
+                       "n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = 'meta')", (schema,)).fetchone()
     return bool(row and row[0])
 
 
@@ -352,12 +357,18 @@ def _meta_problems(conn: psycopg.Connection[Any], schema: str) -> list[str]:
 
 
 def _head_problems(conn: psycopg.Connection[Any], schema: str) -> list[str]:
-    heads = conn.execute(f"SELECT seq, hash, at FROM {schema}.head").fetchall()
-    last = conn.execute(f"SELECT seq, hash, at FROM {schema}.events ORDER BY seq DESC LIMIT 1").fetchall()
-    if len(heads) != 1:
-        return [f"its head table holds {len(heads)} rows, not one"]
-    wanted = tuple(last[0]) if last else (0, None, None)
-    if tuple(heads[0]) != wanted:
-        return [f"its head row says seq {heads[0][0]}, but the log's last event is seq {wanted[0]} "
+    # One statement, so one snapshot: read in two, a writer's commit between them looks like a head row
+    # behind the log (and a store being written to would be refused to every writer that opens it).
+    row = conn.execute(
+        f"SELECT (SELECT count(*) FROM {schema}.head), h.seq, h.hash, h.at, e.seq, e.hash, e.at FROM (SELECT) AS one"
+        f" LEFT JOIN (SELECT seq, hash, at FROM {schema}.head LIMIT 1) AS h ON true"
+        f" LEFT JOIN (SELECT seq, hash, at FROM {schema}.events ORDER BY seq DESC LIMIT 1) AS e ON true").fetchone()
+    assert row is not None
+    count, head, last = row[0], tuple(row[1:4]), tuple(row[4:7])
+    if count != 1:
+        return [f"its head table holds {count} rows, not one"]
+    wanted = last if last[0] is not None else (0, None, None)
+    if head != wanted:
+        return [f"its head row says seq {head[0]}, but the log's last event is seq {wanted[0]} "
                 "(or their hash or at differ)"]
     return []

@@ -1,5 +1,6 @@
-"""Fixtures shared by every test: a fresh event store on a real file, a clock that moves when told, and the
-fleet logs the command-line, audit and store tests read (built once per module that asks, never changed).
+"""Fixtures shared by every test: a fresh event store (on a real file, and again in a schema of its own on a
+throwaway PostgreSQL cluster), a clock that moves when told, and the fleet logs the command-line, audit and
+store tests read (built once per module that asks, never changed).
 
     def test_something(store, clock):
         store.append_unchecked("runner-1", [ReclaimCompleted(generation=2)])
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from fleets import KEY, fleet_in, long_in
 from pg import NEED, Server, binaries, cluster
+from targets import Places
 
 from lifecycle_es import EventStore
 from lifecycle_es.testing import FakeClock
@@ -26,10 +28,36 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+BACKENDS = ["sqlite", "postgres"]
+
+
+@pytest.fixture(params=BACKENDS)
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where this test's store lives (none exists there yet), once per backend: a file in tmp_path, or a
+    schema of the test's own on the throwaway cluster (``pg_url``: asked for only here, so a run of the
+    SQLite cases alone never starts a server)."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return str(tmp_path / "events.db")
+
+
+@pytest.fixture(params=BACKENDS)
+def places(request: pytest.FixtureRequest) -> Iterator[Places]:
+    """Fresh store targets for a test that makes many stores (a property test's examples, a state machine's
+    runs), once per backend; every store made is removed after the test."""
+    server: Server | None = request.getfixturevalue("pg_server") if request.param == "postgres" else None
+    made = Places(request.param, server)
+    try:
+        yield made
+    finally:
+        made.clean()
+
+
 @pytest.fixture
-def store(tmp_path: Path, clock: FakeClock) -> Iterator[EventStore]:
-    """A fresh, unkeyed EventStore on a real file in tmp_path, timestamped by the `clock` fixture."""
-    opened = EventStore.open(tmp_path / "events.db", now=clock.now)
+def store(store_target: str, clock: FakeClock) -> Iterator[EventStore]:
+    """A fresh, unkeyed EventStore at `store_target` (each backend in turn), timestamped by the `clock`
+    fixture."""
+    opened = EventStore.open(store_target, now=clock.now)
     try:
         yield opened
     finally:

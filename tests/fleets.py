@@ -76,14 +76,16 @@ def authority(clock: FakeClock, revision: int) -> ProxyAuthority:
                           expires_at=iso_ms(clock.ms + 3_600_000))
 
 
-def build_fleet(path: Path, *, key: bytes | None = None) -> dict[str, int]:
+def build_fleet(path: Path | str, *, key: bytes | None = None, base: Path | None = None,
+                seal: str | None = None) -> dict[str, int]:
     """Three runners living most of the lifecycle; read models on, snapshots every 3 events, sealed.
 
-    Returns seqs worth knowing: ``active_seq`` (runner-0 holds lease ``lease-0001`` active there) and
-    ``head``.
+    `path`: a file, or a store URL (then `base`, the runners' base directory, and `seal`, the seal file,
+    must be named: a server's store has no directory beside it). Returns seqs worth knowing:
+    ``active_seq`` (runner-0 holds lease ``lease-0001`` active there) and ``head``.
     """
     clock = FakeClock()
-    base = path.parent / "base"
+    base = base if base is not None else Path(path).parent / "base"
     base.mkdir(exist_ok=True)
     ids = iter(range(1, 10_000))
     marks: dict[str, int] = {}
@@ -126,12 +128,12 @@ def build_fleet(path: Path, *, key: bytes | None = None) -> dict[str, int]:
         clock.advance(1000)
         three.park_lease(lease_id=held.lease.id, lease_generation=held.lease.generation, result_digest=DIGEST,
                          reason="lost-poll")
-        store.seal()
+        store.seal(seal) if seal is not None else store.seal()
         marks["head"] = store.head().seq
     return marks
 
 
-def build_long(path: Path, events: int = LONG_EVENTS) -> None:
+def build_long(path: Path | str, events: int = LONG_EVENTS) -> None:
     """`events` valid events of 10 runners (acquire/settle pairs), appended up to 1000 at a time.
 
     The caches lag the log the way they do in life: snapshots and read models rebuilt at 40% of it,

@@ -1,4 +1,5 @@
-"""Real processes race commands on one runner in one store file, at the same expected generation.
+"""Real processes race commands on one runner in one store, at the same expected generation: a file, and
+again a schema on a PostgreSQL server (where the head row's lock serializes them).
 
 Four worker processes (``sys.executable -c``) each hold their own connection and RunnerLifecycle
 handle. For every race the test hands each worker a command, waits until all report ``ready``, then
@@ -91,7 +92,7 @@ store.close()
 class Worker:
     """One worker process and its pipes."""
 
-    def __init__(self, index: int, path: Path, base_dir: Path) -> None:
+    def __init__(self, index: int, path: str, base_dir: Path) -> None:
         self.index = index
         self.process = subprocess.Popen(
             [sys.executable, "-c", WORKER, str(path), str(base_dir), str(index), RUNNER_ID,
@@ -134,7 +135,7 @@ class Worker:
 class Race:
     """The runner under test: the workers, the main process's own handle, and the race clock."""
 
-    def __init__(self, path: Path, base_dir: Path) -> None:
+    def __init__(self, path: str, base_dir: Path) -> None:
         self.now = START_MS
         self.base_dir = base_dir
         self.store = EventStore.open(path, busy_timeout_ms=60_000, now=lambda: self.now)
@@ -182,11 +183,10 @@ class Race:
 
 
 @pytest.fixture
-def race(tmp_path: Path) -> Iterator[Race]:
+def race(tmp_path: Path, store_target: str) -> Iterator[Race]:
     base_dir = tmp_path / "base"
     base_dir.mkdir()
-    path = tmp_path / "events.db"
-    started = Race(path, base_dir)
+    started = Race(store_target, base_dir)
     try:
         yield started
     finally:

@@ -3,13 +3,13 @@
 `RunnerLifecycle.record_host_facts` appends a fact only when the runner holds its lease (a start: active,
 at the generation named), a ``UnitStarted`` follows the ``UnitStarting`` it announces (same mode and
 run directory), and every field lies within what a host driver writes. A refused fact raises
-InvalidInputError naming the field (or StaleFenceError) and the store file stays byte-identical. The
-replay holds a fact written straight into the file to the same rules: IntegrityError at its seq.
+InvalidInputError naming the field (or StaleFenceError) and the store stays byte-identical. The
+replay holds a fact written straight into the store to the same rules: IntegrityError at its seq. On both
+backends (a file, and a schema on a PostgreSQL server).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from forging import forge
+from targets import durable_state
 
 import projections
 from lifecycle_es import EventStore, IntegrityError, InvalidInputError, RunnerLifecycle, StaleFenceError
@@ -40,9 +41,9 @@ HOUR = 3_600_000
 
 @dataclass
 class Host:
-    """A runner holding one active lease (``lease-000001``), on a real store file."""
+    """A runner holding one active lease (``lease-000001``), on a real store (a file, or a schema on a server)."""
 
-    path: Path
+    path: str
     store: EventStore
     lifecycle: RunnerLifecycle
     clock: FakeClock
@@ -50,11 +51,7 @@ class Host:
     run_dir: str
 
     def fingerprint(self) -> tuple[str | None, ...]:
-        digests: list[str | None] = []
-        for suffix in ("", "-wal"):
-            file = Path(f"{self.path}{suffix}")
-            digests.append(hashlib.sha256(file.read_bytes()).hexdigest() if file.exists() else None)
-        return tuple(digests)
+        return durable_state(self.path)
 
     def starting(self, mode: str = "child", **changes: object) -> UnitStarting:
         unit = "les-lease-000001-0a" if mode == "systemd" else None
@@ -72,9 +69,9 @@ class Host:
 
 
 @pytest.fixture
-def host(tmp_path: Path) -> Iterator[Host]:
+def host(tmp_path: Path, store_target: str) -> Iterator[Host]:
     clock = FakeClock()
-    path = tmp_path / "runners.db"
+    path = store_target
     base_dir = tmp_path / "base"
     base_dir.mkdir()
     with EventStore.open(path, now=clock) as store:

@@ -3,12 +3,12 @@
 A command stamps its events at its clock's time, but never before the log's head nor the stream's last
 event: a clock stepped back (a year here) neither stops the commands nor writes a log whose times go
 backwards. The rules refuse, on replay, an event stamped before its stream's previous event, unit
-facts included, so a ``LeaseSettled`` dated a year before its lease was issued fails the audit.
+facts included, so a ``LeaseSettled`` dated a year before its lease was issued fails the audit. On both
+backends (the `store` fixture's file, and its schema on a PostgreSQL server).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,17 +27,6 @@ from lifecycle_es.values import ProxyAuthority
 YEAR = 365 * 24 * 3_600_000
 HOUR = 3_600_000
 DIGEST = "sha256:" + "0" * 64
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(tmp_path: Path, clock: FakeClock) -> Iterator[EventStore]:
-    with EventStore.open(tmp_path / "runners.db", now=clock) as opened:
-        yield opened
 
 
 def runner(store: EventStore, clock: FakeClock, tmp_path: Path, runner_id: str = "runner-1",

@@ -675,11 +675,12 @@ class Leased:
 
 
 @pytest.fixture
-def leased(tmp_path: Path) -> Iterator[Leased]:
+def leased(tmp_path: Path, store_target: str) -> Iterator[Leased]:
+    """On both backends: the replay's checks of a forged event are the same on a file and on a server."""
     clock = FakeClock(T0)
     base_dir = tmp_path / "base"
     base_dir.mkdir()
-    with EventStore.open(str(tmp_path / "one.db"), now=clock) as store:
+    with EventStore.open(store_target, now=clock) as store:
         lifecycle = RunnerLifecycle(store, runner_id="runner-1", target="local", base_dir=str(base_dir),
                                     resources=RESOURCES_OK, post_session_hook_digest=HOOK, now=clock)
         lifecycle.initialize()

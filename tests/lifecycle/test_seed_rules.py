@@ -1,9 +1,9 @@
 """Every rule of seed 000 (the JavaScript runner lifecycle), one test per rule, named after it.
 
-Each test drives `RunnerLifecycle` on a real store file with a fake clock and a tmp_path base
-directory, and checks three things the seed and DESIGN.md ask for together: the outcome (or the
-error kind of DESIGN.md's Clarifications), the seed's message wording plus the offending field or
-value, and that a refused command appended nothing. Receipt digests are recomputed here from the
+Each test drives `RunnerLifecycle` on a real store (a file, and again a schema on a PostgreSQL server)
+with a fake clock and a tmp_path base directory, and checks three things the seed and DESIGN.md ask for
+together: the outcome (or the error kind of DESIGN.md's Clarifications), the seed's message wording plus
+the offending field or value, and that a refused command appended nothing. Receipt digests are recomputed here from the
 seed's algorithm (sha256 over a domain string and canonical JSON of the camelCase material) with
 hashlib and json, not with the library's own helpers, so a drift in either shows.
 """
@@ -75,12 +75,14 @@ def seed_receipt_digest(domain: str, material: object) -> str:
 
 @dataclass
 class World:
-    """One store file, one clock and one base directory shared by the runners of a test."""
+    """One store, one clock and one base directory shared by the runners of a test."""
 
     store: EventStore
     clock: FakeClock
     base_dir: Path
     tmp: Path
+    target: str
+    """Where the store is, as the test opened it: what receipts name as the authority file."""
 
     def runner(self, runner_id: str = "runner-1", **overrides: Any) -> RunnerLifecycle:
         ids = itertools.count(1)
@@ -107,12 +109,12 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
+def world(tmp_path: Path, store_target: str) -> Iterator[World]:
     clock = FakeClock(T0)
     base_dir = tmp_path / "base"
     base_dir.mkdir()
-    with EventStore.open(str(tmp_path / "runners.db"), now=clock) as store:
-        yield World(store, clock, base_dir, tmp_path)
+    with EventStore.open(store_target, now=clock) as store:
+        yield World(store, clock, base_dir, tmp_path, store_target)
 
 
 @contextlib.contextmanager
@@ -887,7 +889,7 @@ def _seed_lease_material(world: World, receipt: LeaseReceipt, *, state: str, run
     return {
         "runnerId": "runner-1",
         "target": "local",
-        "authorityFile": str(world.tmp / "runners.db"),
+        "authorityFile": world.target,
         "state": state,
         "runnerGeneration": runner_generation,
         "lease": {"id": receipt.lease.id, "sessionId": "session-1", "generation": 1, "issuedAt": seed_iso(issued_ms),
@@ -940,7 +942,7 @@ def test_lifecycle_profile_from_lease_is_the_seeds(world: World) -> None:
     receipt = acquire(world, lifecycle)
     profile = lifecycle_profile_from_lease(receipt)
     assert (profile.runner_id, profile.authority_file, profile.state, profile.generation) == (
-        "runner-1", str(world.tmp / "runners.db"), "accepting", 1)
+        "runner-1", world.target, "accepting", 1)
     assert (profile.lease.id, profile.lease.generation, profile.lease.expires_at) == (
         receipt.lease.id, 1, receipt.lease.expires_at)
     assert (profile.base_dir.path, profile.post_session_hook.digest, profile.resources) == (
@@ -1303,11 +1305,11 @@ def test_refresh_runs_the_preflight_too(world: World) -> None:
 
 
 @pytest.fixture
-def fast_world(tmp_path: Path) -> Iterator[World]:
+def fast_world(tmp_path: Path, store_target: str) -> Iterator[World]:
     """A world for a thousand commands: no fsync per commit, no probe file per lease (not what is tested)."""
     clock = FakeClock(T0)
-    with EventStore.open(str(tmp_path / "runners.db"), now=clock, durability="normal") as store:
-        yield World(store, clock, tmp_path, tmp_path)
+    with EventStore.open(store_target, now=clock, durability="normal") as store:
+        yield World(store, clock, tmp_path, tmp_path, store_target)
 
 
 def _bulk_acquire(world: World, lifecycle: RunnerLifecycle, sessions: range) -> list[str]:

@@ -1,9 +1,10 @@
 """The read side: read models, snapshots, rebuild, state as of any seq and the fleet view equal a replay.
 
-One mixed log drives most tests: five runners sharing one store file, their commands interleaved,
+One mixed log drives most tests: five runners sharing one store, their commands interleaved,
 leaving one runner in each state (two accepting) and leases of every status. The caches (SQL read
 models and snapshots) are then compared with a fresh replay of the log, queried with plain SQL from a
-connection of the test's own, dropped, corrupted, and rebuilt.
+connection of the test's own, dropped, corrupted, and rebuilt. On both backends: the store is a file, and
+again a schema on a PostgreSQL server (edited there as its superuser would).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import apsw
 import msgspec
 import pytest
+from pg import Server
+from targets import raw_sql
 
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle, RunnerState
+from lifecycle_es.backends import is_url
 from lifecycle_es.caches import SnapshotCheck, check_read_models
 from lifecycle_es.errors import StaleFenceError, StoreKeyError
 from lifecycle_es.receipts import project
@@ -75,12 +78,17 @@ class Fleet:
                               expires_at=iso(self.clock.ms + 600_000))
 
 
-def open_fleet(tmp_path: Path, *, snapshot_every: int = 64) -> Fleet:
+def open_fleet(tmp_path: Path, path: str, *, snapshot_every: int = 64) -> Fleet:
     clock = FakeClock(T0)
     base_dir = tmp_path / "base"
     base_dir.mkdir(exist_ok=True)
-    path = str(tmp_path / "runners.db")
     return Fleet(path, EventStore.open(path, now=clock), clock, base_dir, snapshot_every)
+
+
+def sql(path: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """One statement on the store at `path`, through a connection of its own (see `targets.raw_sql`)."""
+    with raw_sql(path) as run:
+        return run(statement, params)
 
 
 def run_mixed_commands(fleet_: Fleet) -> None:
@@ -129,8 +137,8 @@ def replayed(store: EventStore) -> dict[str, tuple[RunnerState, int, int]]:
 
 
 @pytest.fixture
-def mixed(tmp_path: Path) -> Iterator[Fleet]:
-    fleet_ = open_fleet(tmp_path, snapshot_every=3)
+def mixed(tmp_path: Path, store_target: str) -> Iterator[Fleet]:
+    fleet_ = open_fleet(tmp_path, store_target, snapshot_every=3)
     attach(fleet_.store)
     run_mixed_commands(fleet_)
     yield fleet_
@@ -148,8 +156,8 @@ def test_read_models_equal_a_replay_after_mixed_commands(mixed: Fleet) -> None:
     assert check_read_models(store, states) == []
     # The check is able to fail: a row edited behind the projection's back is reported.
     parked = next(lease.id for lease in states["runner-a"][0].leases if lease.status == "parked")
-    store.backend.execute("UPDATE runners SET generation = generation + 1 WHERE runner_id = 'runner-c'")
-    store.backend.execute("DELETE FROM leases WHERE runner_id = 'runner-a' AND status = 'parked'")
+    sql(mixed.path, "UPDATE runners SET generation = generation + 1 WHERE runner_id = 'runner-c'")
+    sql(mixed.path, "DELETE FROM leases WHERE runner_id = 'runner-a' AND status = 'parked'")
     assert check_read_models(store, states) == [
         ("runner-a", f"no leases row for lease {parked!r}"),
         ("runner-c", "runners row differs from the replay: generation 4 (replay: 3)")]
@@ -171,12 +179,11 @@ def test_every_read_model_row_is_compared_with_the_replay(mixed: Fleet) -> None:
          " drain_requested_at, drain_deadline_at, active_lease_count, parked_lease_count, settled_lease_count,"
          " updated_at, version, seq FROM runners WHERE runner_id = 'runner-a'", ()),
     ]
-    editor = apsw.Connection(mixed.path)  # as anyone with write access: no foreign keys enforced
-    try:
-        for sql, params in forged:
-            editor.execute(sql, params)
-    finally:
-        editor.close()
+    with raw_sql(mixed.path) as run:  # as anyone with write access: no foreign keys enforced
+        if is_url(mixed.path):
+            run("SET session_replication_role = replica")  # a superuser's way past the foreign keys
+        for statement, params in forged:
+            run(statement, params)
     assert sorted(check_read_models(store, states)) == sorted([
         ("runner-d", "no runners row"),
         ("runner-e", "leases row 'lease-extra' for a lease the replay does not retain"),
@@ -187,32 +194,27 @@ def test_every_read_model_row_is_compared_with_the_replay(mixed: Fleet) -> None:
 
 
 def test_read_model_rows_answer_plain_sql(mixed: Fleet) -> None:
-    connection = apsw.Connection(mixed.path, flags=apsw.SQLITE_OPEN_READONLY)
-    try:
-        by_state = dict(connection.execute(
-            "SELECT state, group_concat(runner_id) FROM (SELECT state, runner_id FROM runners ORDER BY runner_id)"
-            " GROUP BY state").fetchall())
+    with raw_sql(mixed.path) as run:
+        joined = "string_agg(runner_id, ',')" if is_url(mixed.path) else "group_concat(runner_id)"
+        by_state = dict(run(
+            f"SELECT state, {joined} FROM (SELECT state, runner_id FROM runners ORDER BY runner_id) AS r"
+            " GROUP BY state"))
         assert by_state == {"accepting": "runner-a,runner-b", "draining": "runner-e", "parked": "runner-c",
                             "reclaiming": "runner-d"}
-        active = dict(connection.execute(
-            "SELECT runner_id, count(*) FROM leases WHERE status = 'active' GROUP BY runner_id").fetchall())
+        active = dict(run("SELECT runner_id, count(*) FROM leases WHERE status = 'active' GROUP BY runner_id"))
         assert active == {"runner-a": 2, "runner-e": 1}
-        generations = dict(connection.execute("SELECT runner_id, generation FROM runners").fetchall())
+        generations = dict(run("SELECT runner_id, generation FROM runners"))
         assert generations == {runner_id: runner_at(mixed.store, runner_id).generation  # type: ignore[union-attr]
                                for runner_id in RUNNERS}
-        hooked = connection.execute(
-            "SELECT runner_id, hook_receipt_digest IS NOT NULL FROM leases WHERE result_digest = ?"
-            " AND runner_id = 'runner-b' ORDER BY issued_at, lease_id", (RESULT,)).fetchall()
-        assert sorted(flag for _, flag in hooked) == [0, 1]
-        drain_row = connection.execute(
-            "SELECT drain_signal, drain_deadline_at FROM runners WHERE runner_id = 'runner-e'").fetchone()
+        hooked = run("SELECT runner_id, hook_receipt_digest IS NOT NULL FROM leases WHERE result_digest = ?"
+                     " AND runner_id = 'runner-b' ORDER BY issued_at, lease_id", (RESULT,))
+        assert sorted(flag for _, flag in hooked) == [0, 1]  # SQLite's 0 and 1, PostgreSQL's False and True
+        (drain_row,) = run("SELECT drain_signal, drain_deadline_at FROM runners WHERE runner_id = 'runner-e'")
         assert drain_row == ("SIGTERM", iso(T0 + 1_500 + 60_000))
-    finally:
-        connection.close()
 
 
-def test_read_models_catch_up_on_attach(tmp_path: Path) -> None:
-    fleet_ = open_fleet(tmp_path)
+def test_read_models_catch_up_on_attach(tmp_path: Path, store_target: str) -> None:
+    fleet_ = open_fleet(tmp_path, store_target)
     with fleet_.store:
         run_mixed_commands(fleet_)  # no read models attached while the log grew
         assert fleet_.store.backend.read_model_position() is None
@@ -221,8 +223,8 @@ def test_read_models_catch_up_on_attach(tmp_path: Path) -> None:
         assert check_read_models(fleet_.store, replayed(fleet_.store)) == []
 
 
-def test_read_models_catch_up_on_the_next_append_after_another_writer(tmp_path: Path) -> None:
-    fleet_ = open_fleet(tmp_path)
+def test_read_models_catch_up_on_the_next_append_after_another_writer(tmp_path: Path, store_target: str) -> None:
+    fleet_ = open_fleet(tmp_path, store_target)
     with fleet_.store, EventStore.open(fleet_.path, now=fleet_.clock) as other:
         attach(fleet_.store)
         mine = fleet_.handle("runner-a")
@@ -251,9 +253,9 @@ def test_rebuild_after_dropped_read_models_and_corrupted_snapshots(mixed: Fleet)
     expected = {runner_id: state for runner_id, (state, _, _) in replayed(store).items()}
     assert len(_stored_snapshots(store)) >= 4  # snapshot_every=3 left one on most runners
     for table in ("leases", "runners", "read_model_position"):
-        store.backend.execute(f"DROP TABLE {table}")
+        sql(mixed.path, f"DROP TABLE {table}")
     # Snapshots are a cache, not append-only: overwrite their state bytes with garbage.
-    store.backend.execute("UPDATE snapshots SET state = x'7b226e6f74223a2261207374617465227d'")
+    sql(mixed.path, "UPDATE snapshots SET state = ?", (b'{"not":"a state"}',))
     for runner_id in RUNNERS:
         assert snapshot_of(store, runner_id) is None  # bytes that do not decode are no snapshot
         assert mixed.handle(runner_id).state() == expected[runner_id]  # a fresh handle replays from the start
@@ -292,8 +294,8 @@ def test_a_snapshot_naming_the_wrong_event_is_refused(mixed: Fleet) -> None:
     for reason, (bad_version, bad_seq, bad_hash) in tampered:
         # Tagged as the store tags (what an unkeyed file's editor can do): the log is what refuses it.
         blob = snapshot_blob(store, runner_id, bad_version, bad_seq, bad_hash, encode_state(early))
-        store.backend.execute("UPDATE snapshots SET version = ?, seq = ?, state = ?, event_hash = ? WHERE stream = ?",
-                              (bad_version, bad_seq, blob, bad_hash, runner_id))
+        sql(mixed.path, "UPDATE snapshots SET version = ?, seq = ?, state = ?, event_hash = ? WHERE stream = ?",
+            (bad_version, bad_seq, blob, bad_hash, runner_id))
         assert snapshot_of(store, runner_id) is None, reason
         assert mixed.handle(runner_id).state() == expected, reason
         assert state_at(store, runner_id) == expected, reason
@@ -308,7 +310,7 @@ def test_a_wrong_state_under_a_right_hash_is_caught_by_the_audit_check_and_rebui
     wrong = msgspec.structs.replace(replayed_then, generation=replayed_then.generation + 7)
     # Tagged as the store tags (an unkeyed file's editor can): the tag verifies, the replay disagrees.
     blob = snapshot_blob(store, runner_id, version, seq, event_hash, encode_state(wrong))
-    store.backend.execute("UPDATE snapshots SET state = ? WHERE stream = ?", (blob, runner_id))
+    sql(mixed.path, "UPDATE snapshots SET state = ? WHERE stream = ?", (blob, runner_id))
     check = SnapshotCheck(store)
     for recorded, state in replay_all(store):
         check.observe(recorded, state)
@@ -324,20 +326,12 @@ ATTACKER_HOOK = "sha256:" + "e" * 64
 
 
 def _raw_snapshot(path: str, runner_id: str) -> bytes:
-    connection = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
-    try:
-        ((blob,),) = connection.execute("SELECT state FROM snapshots WHERE stream = ?", (runner_id,)).fetchall()
-        return blob
-    finally:
-        connection.close()
+    ((blob,),) = sql(path, "SELECT state FROM snapshots WHERE stream = ?", (runner_id,))
+    return bytes(blob)
 
 
 def _write_raw_snapshot(path: str, runner_id: str, blob: bytes) -> None:
-    connection = apsw.Connection(path)
-    try:
-        connection.execute("UPDATE snapshots SET state = ? WHERE stream = ?", (blob, runner_id))
-    finally:
-        connection.close()
+    sql(path, "UPDATE snapshots SET state = ? WHERE stream = ?", (blob, runner_id))
 
 
 def _forge_snapshot(path: str, runner_id: str, **changes: Any) -> None:
@@ -349,12 +343,12 @@ def _forge_snapshot(path: str, runner_id: str, **changes: Any) -> None:
 
 
 @pytest.fixture
-def keyed(tmp_path: Path) -> Iterator[Fleet]:
+def keyed(tmp_path: Path, store_target: str) -> Iterator[Fleet]:
     """A keyed store, snapshots after every command: runner-a parked, runner-b accepting with a settled lease."""
     clock = FakeClock(T0)
     base_dir = tmp_path / "base"
     base_dir.mkdir()
-    path = str(tmp_path / "keyed.db")
+    path = store_target
     with EventStore.open(path, key=KEY, now=clock) as store:
         fleet_ = Fleet(path, store, clock, base_dir, snapshot_every=1)
         parked, busy = fleet_.handle("runner-a"), fleet_.handle("runner-b")
@@ -422,11 +416,25 @@ def test_a_keyed_store_opened_without_its_key_proves_no_snapshot(keyed: Fleet) -
     assert _raw_snapshot(keyed.path, "runner-a") == before
 
 
-def test_a_snapshot_copied_from_another_store_or_stream_is_refused(mixed: Fleet, tmp_path: Path) -> None:
+@pytest.fixture
+def other_target(store_target: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A second store's target on the backend of `store_target`."""
+    if not is_url(store_target):
+        (tmp_path / "other").mkdir()
+        yield str(tmp_path / "other" / "runners.db")
+        return
+    server: Server = request.getfixturevalue("pg_server")
+    schema = server.new_schema()
+    yield server.url(schema)
+    server.drop(schema)
+
+
+def test_a_snapshot_copied_from_another_store_or_stream_is_refused(mixed: Fleet, tmp_path: Path,
+                                                                   other_target: str) -> None:
     store = mixed.store
     expected = {runner_id: state for runner_id, (state, _, _) in replayed(store).items()}
-    (tmp_path / "other").mkdir()
-    other = open_fleet(tmp_path / "other", snapshot_every=3)
+    (tmp_path / "other").mkdir(exist_ok=True)
+    other = open_fleet(tmp_path / "other", other_target, snapshot_every=3)
     with other.store:
         run_mixed_commands(other)
     assert snapshot_of(store, "runner-a") is not None and snapshot_of(store, "runner-b") is not None
@@ -560,7 +568,7 @@ def test_states_at_without_any_snapshot_folds_the_log_in_one_pass(mixed: Fleet,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     store = mixed.store
     truth = replay(store)
-    store.backend.execute("DELETE FROM snapshots")
+    sql(mixed.path, "DELETE FROM snapshots")
     counts = _counting_reads(store, monkeypatch)
     seen: list[tuple[int, int]] = []
     assert states_at(store, progress=lambda done, total: seen.append((done, total))) == truth
@@ -568,9 +576,10 @@ def test_states_at_without_any_snapshot_folds_the_log_in_one_pass(mixed: Fleet,
     assert seen[-1] == (store.head().seq, store.head().seq)
 
 
-def test_read_models_follow_the_projection_retention_while_the_log_keeps_every_lease(tmp_path: Path) -> None:
+def test_read_models_follow_the_projection_retention_while_the_log_keeps_every_lease(tmp_path: Path,
+                                                                                   store_target: str) -> None:
     clock = FakeClock(T0)
-    with EventStore.open(str(tmp_path / "runners.db"), now=clock, durability="normal") as store:
+    with EventStore.open(store_target, now=clock, durability="normal") as store:
         attach(store)
         # The preflight is not under test here; skipping its probe file keeps 260 leases quick.
         lifecycle = RunnerLifecycle(store, runner_id="runner-a", target="local", base_dir=str(tmp_path),
@@ -585,7 +594,7 @@ def test_read_models_follow_the_projection_retention_while_the_log_keeps_every_l
         lifecycle.park_lease(lease_id=lease_ids[-1], lease_generation=1, result_digest=RESULT, reason="lost-poll")
         lifecycle.begin_reclaim(expected_generation=2, proxy_authority=msgspec.structs.replace(proxy, revision=2))
         lifecycle.complete_reclaim(expected_generation=3)
-        rows = store.backend.execute("SELECT lease_id FROM leases WHERE runner_id = 'runner-a' ORDER BY issued_at")
+        rows = sql(store_target, "SELECT lease_id FROM leases WHERE runner_id = 'runner-a' ORDER BY issued_at")
         assert sorted(row[0] for row in rows) == sorted(lease_ids[-256:])  # the 4 oldest rows were deleted
         assert check_read_models(store, replayed(store)) == []
         logged = [r.event.lease_id for r in store.read(stream="runner-a") if r.type == "LeaseAcquired"]  # type: ignore[attr-defined]

@@ -323,6 +323,24 @@ class BackendContract:
         assert backend.read_model_tables() == set() and backend.read_model_position() is None
         assert backend.read_model_rows("leases") == [] and backend.lease_rows_of("r1") == []
 
+    def test_read_models_read_inside_a_write_transaction_see_it(self) -> None:
+        # The projector reads its position and a runner's lease rows in the event transaction: a read there
+        # that came back empty would replay the whole log into the tables on every append.
+        backend = self.connect()
+        with backend.write("create and fill"):
+            backend.create_read_models()
+            assert backend.read_model_tables() == READ_MODEL_TABLES and backend.read_model_position() == 0
+            backend.upsert_runner_rows([runner_row("r1", 1)])
+            backend.upsert_lease_rows([lease_row("r1", "l1")])
+            backend.set_read_model_position(4)
+            assert backend.read_model_position() == 4
+            assert backend.read_model_rows("runners") == [runner_row("r1", 1)]
+            assert backend.lease_rows_of("r1") == [lease_row("r1", "l1")]
+        with backend.write("advance"):
+            assert backend.read_model_position() == 4
+            backend.set_read_model_position(6)
+            assert backend.read_model_position() == 6
+
     # --- connections: busy, read-only, fence, data_version, identity ------------------------------------
 
     def test_a_write_waits_for_the_lock_then_is_busy(self) -> None:

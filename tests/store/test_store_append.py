@@ -1,36 +1,27 @@
-"""Appending: a refused append leaves the files byte-identical; a batch is all or nothing.
+"""Appending: a refused append leaves the store byte-identical; a batch is all or nothing. On both backends.
 
-"Byte-identical" is checked on what is durable: the db file and its -wal, hashed before and after with
-the store left open (closing would checkpoint and move bytes between them). The -shm file is left out:
-it is a shared-memory index SQLite rebuilds from the WAL, and readers write their marks in it.
+"Byte-identical" is checked on what is durable (`targets.durable_state`): a file's db and -wal, hashed
+before and after with the store left open, or every row of a server store's schema.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from targets import durable_state, raw_insert
 
 from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError
 from lifecycle_es.backend import MAX_EVENT_BYTES
+from lifecycle_es.backends import is_url
 from lifecycle_es.events import LeaseSettled, ReclaimCompleted, RunnerParked, UnitStopped, encode
 from lifecycle_es.log import RecordedEvent
 from lifecycle_es.testing import FakeClock
 
 EVENT = ReclaimCompleted(generation=1)
-
-
-def durable_digests(path: str) -> tuple[str | None, ...]:
-    out = []
-    for suffix in ("", "-wal"):
-        part = Path(path + suffix)
-        out.append(hashlib.sha256(part.read_bytes()).hexdigest() if part.exists() else None)
-    return tuple(out)
 
 
 @pytest.fixture
@@ -79,11 +70,11 @@ REFUSED: list[tuple[str, dict[str, Any], type[Exception]]] = [
 def test_refused_append_leaves_the_files_byte_identical(
         started: EventStore, kwargs: dict[str, Any], error: type[Exception]) -> None:
     call: dict[str, Any] = {"stream": "runner-1", "events": [ReclaimCompleted(generation=3)]} | kwargs
-    before = durable_digests(started.path)
+    before = durable_state(started.path)
     head = started.head()
     with pytest.raises(error, check=lambda exc: type(exc) is error):
         started.append_unchecked(call.pop("stream"), call.pop("events"), **call)
-    assert durable_digests(started.path) == before
+    assert durable_state(started.path) == before
     assert started.head() == head
     assert started.verify().events == 3
 
@@ -95,13 +86,13 @@ def test_concurrency_error_names_stream_expected_and_actual(started: EventStore)
     assert started.append_unchecked("runner-1", [EVENT], expected_version=2)[0].version == 3
 
 
-def test_clock_that_returns_a_non_integer_is_refused(tmp_path: Path) -> None:
+def test_clock_that_returns_a_non_integer_is_refused(store_target: str) -> None:
     for bad in (1.5e12, -1, "now", None):
-        with EventStore.open(tmp_path / "events.db", now=lambda bad=bad: bad) as store:
-            before = durable_digests(store.path)
+        with EventStore.open(store_target, now=lambda bad=bad: bad) as store:
+            before = durable_state(store.path)
             with pytest.raises(InvalidInputError):
                 store.append_unchecked("runner-1", [EVENT])
-            assert durable_digests(store.path) == before
+            assert durable_state(store.path) == before
 
 
 def test_time_never_runs_backwards(store: EventStore, clock: FakeClock) -> None:
@@ -152,11 +143,16 @@ class Failing:
         self.applied: list[int] = []
 
     def catch_up(self, store: EventStore) -> None:
-        store.backend.execute("CREATE TABLE IF NOT EXISTS seen (seq INTEGER PRIMARY KEY) STRICT")
+        if is_url(store.path):
+            # A table of this connection's own: one in the store's schema would be a schema altered.
+            store.backend.execute("CREATE TEMP TABLE IF NOT EXISTS seen (seq bigint PRIMARY KEY)")
+        else:
+            store.backend.execute("CREATE TABLE IF NOT EXISTS seen (seq INTEGER PRIMARY KEY) STRICT")
 
     def apply(self, store: EventStore, recorded: Sequence[RecordedEvent]) -> None:
+        insert = "INSERT INTO seen (seq) VALUES (%s)" if is_url(store.path) else "INSERT INTO seen (seq) VALUES (?)"
         for r in recorded:
-            store.backend.execute("INSERT INTO seen (seq) VALUES (?)", (r.seq,))
+            store.backend.execute(insert, (r.seq,))
         if self.armed:
             raise RuntimeError("read model broke")
         self.applied.extend(r.seq for r in recorded)
@@ -166,12 +162,12 @@ def test_batch_is_all_or_nothing(started: EventStore) -> None:
     projector = Failing()
     started.attach(projector)
     started.append_unchecked("runner-3", [EVENT])
-    before = durable_digests(started.path)
+    before = durable_state(started.path)
     projector.armed = True
     with pytest.raises(RuntimeError):
         started.append_unchecked("runner-3", [ReclaimCompleted(generation=2), ReclaimCompleted(generation=3)])
     # Rows inserted and the read model written, then the failure: all of it rolled back.
-    assert durable_digests(started.path) == before
+    assert durable_state(started.path) == before
     assert started.stream_version("runner-3") == 1
     assert started.backend.execute("SELECT seq FROM seen") == [(4,)]
     projector.armed = False
@@ -186,11 +182,11 @@ def test_transaction_commits_several_appends_together_or_none(started: EventStor
         tx.append_unchecked("runner-2", [LeaseSettled(lease_id="l", lease_generation=1,
                                                       result_digest="sha256:" + "0" * 64)])
     assert (started.stream_version("runner-1"), started.stream_version("runner-2")) == (3, 2)
-    before = durable_digests(started.path)
+    before = durable_state(started.path)
     with pytest.raises(ConcurrencyError), started.transaction() as tx:
         tx.append_unchecked("runner-1", [ReclaimCompleted(generation=4)], expected_version=3)
         tx.append_unchecked("runner-2", [ReclaimCompleted(generation=4)], expected_version=0)  # stale: undoes both
-    assert durable_digests(started.path) == before
+    assert durable_state(started.path) == before
     assert started.verify().events == 5
 
 
@@ -235,10 +231,8 @@ def test_the_head_a_commit_left_is_reused_only_while_nothing_else_changed_the_fi
         # A row written after the append, in the same transaction: the commit's head is not the append's.
         with started.transaction() as tx:
             (appended,) = tx.append_unchecked("runner-1", [ReclaimCompleted(generation=7)], expected_version=6)
-            started.backend.execute(
-                "INSERT INTO events (seq, stream, version, type, at, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (10, "runner-3", 1, "ReclaimCompleted", appended.at, b'{"generation":1,"type":"ReclaimCompleted"}',
-                 appended.hash, bytes(32)))
+            raw_insert(started, (10, "runner-3", 1, "ReclaimCompleted", appended.at,
+                                 b'{"generation":1,"type":"ReclaimCompleted"}', appended.hash, bytes(32)))
         (recorded,) = started.append_unchecked("runner-1", [ReclaimCompleted(generation=8)], expected_version=7)
         assert (recorded.seq, recorded.prev) == (11, bytes(32))
         # A transaction that appended and then failed leaves nothing to reuse.
@@ -249,10 +243,8 @@ def test_the_head_a_commit_left_is_reused_only_while_nothing_else_changed_the_fi
         assert (recorded.seq, recorded.version) == (12, 9)
         # A row written in the next transaction before its append: the last commit's head is not the head.
         with started.transaction() as tx:
-            started.backend.execute(
-                "INSERT INTO events (seq, stream, version, type, at, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (13, "runner-3", 2, "ReclaimCompleted", recorded.at, b'{"generation":2,"type":"ReclaimCompleted"}',
-                 recorded.hash, bytes(range(32))))
+            raw_insert(started, (13, "runner-3", 2, "ReclaimCompleted", recorded.at,
+                                 b'{"generation":2,"type":"ReclaimCompleted"}', recorded.hash, bytes(range(32))))
             (appended,) = tx.append_unchecked("runner-1", [ReclaimCompleted(generation=10)], expected_version=9)
         assert (appended.seq, appended.prev) == (14, bytes(range(32)))
     finally:

@@ -1,15 +1,15 @@
 """EventStore.append holds every event to the rules: a log written through it is one the commands could
 have written. A refused event raises InvalidInputError naming it and leaves the file byte-identical;
-append_unchecked is the one named way around, for tools that must write what the rules refuse."""
+append_unchecked is the one named way around, for tools that must write what the rules refuse. On both
+backends (the property tests make a fresh store per example: a file, or a schema dropped after it)."""
 
 from __future__ import annotations
 
-import hashlib
 from itertools import groupby
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from targets import Places, durable_state
 
 from lifecycle_es import EventStore, InvalidInputError, audit
 from lifecycle_es.canonical import iso_ms
@@ -17,11 +17,6 @@ from lifecycle_es.events import Event, LeaseSettled, RunnerParked
 from lifecycle_es.testing import event_logs, invalid_event_logs
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def digests(path: str) -> tuple[str | None, ...]:
-    parts = (Path(path), Path(path + "-wal"))
-    return tuple(hashlib.sha256(part.read_bytes()).hexdigest() if part.exists() else None for part in parts)
 
 
 def commands(log: list[tuple[int, Event]]) -> list[tuple[int, int, list[Event]]]:
@@ -37,9 +32,8 @@ def commands(log: list[tuple[int, Event]]) -> list[tuple[int, int, list[Event]]]
 
 @SETTINGS
 @given(log=event_logs(max_commands=12))
-def test_a_valid_log_goes_in_through_append_and_audits_whole(tmp_path_factory: pytest.TempPathFactory,
-                                                              log: list[tuple[int, Event]]) -> None:
-    path = str(tmp_path_factory.mktemp("checked") / "runners.db")
+def test_a_valid_log_goes_in_through_append_and_audits_whole(places: Places, log: list[tuple[int, Event]]) -> None:
+    path = places.new()
     with EventStore.open(path) as store:
         for _, at_ms, events in commands(log):
             store.append(log[0][1].runner_id, events, at=iso_ms(at_ms))  # type: ignore[attr-defined]
@@ -49,21 +43,20 @@ def test_a_valid_log_goes_in_through_append_and_audits_whole(tmp_path_factory: p
 
 @SETTINGS
 @given(broken=invalid_event_logs(max_commands=12))
-def test_the_first_refused_event_appends_nothing(tmp_path_factory: pytest.TempPathFactory,
-                                                 broken: tuple[list[tuple[int, Event]], int]) -> None:
+def test_the_first_refused_event_appends_nothing(places: Places, broken: tuple[list[tuple[int, Event]], int]) -> None:
     log, bad = broken
-    path = str(tmp_path_factory.mktemp("refused") / "runners.db")
+    path = places.new()
     stream = "runner-under-test"
     with EventStore.open(path) as store:
         for start, at_ms, events in commands(log):
             stream = getattr(events[0], "runner_id", stream) if start == 0 else stream
-            before, head = digests(path), store.head()
+            before, head = durable_state(path), store.head()
             try:
                 store.append(stream, events, at=iso_ms(at_ms))
             except InvalidInputError as exc:
                 assert exc.field in ("events", "at")  # "at": stamped before the log's head, refused as such
                 assert start <= bad, (start, bad, str(exc))
-                assert digests(path) == before and store.head() == head
+                assert durable_state(path) == before and store.head() == head
                 break
         else:
             pytest.fail(f"the log broken at event {bad} was appended whole")
@@ -84,10 +77,10 @@ def test_a_park_the_rules_require_must_come_in_the_same_append(store: EventStore
         id="p", revision=1, issued_at=at(now), expires_at=at(now + 600_000))).lease
     runner.request_drain(expected_generation=1)
     settle = LeaseSettled(lease_id=lease.id, lease_generation=1, result_digest="sha256:" + "1" * 64)
-    before = digests(store.path)
+    before = durable_state(store.path)
     with pytest.raises(InvalidInputError, match="park pending"):
         store.append("runner-1", [settle])
-    assert digests(store.path) == before
+    assert durable_state(store.path) == before
     store.append("runner-1", [settle, RunnerParked(cause="drain-settled", generation=3)])
     assert runner.snapshot().state == "parked"
 

@@ -1,4 +1,5 @@
-"""Several real processes appending to one file at once: nothing lost, no gap, one chain.
+"""Several real processes appending to one store at once (a file, or a schema on a PostgreSQL server):
+nothing lost, no gap, one chain.
 
 Each worker (tests/store_writer.py) appends to its own stream with expected_version, and every fourth
 event to one shared stream by read-version-then-append, retrying on ConcurrencyError. The workers start
@@ -14,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from targets import Places
 
 from lifecycle_es import EventStore
 from lifecycle_es.events import LeaseSettled, ReclaimCompleted
@@ -24,7 +26,7 @@ PER_WORKER = 60  # plus PER_WORKER // 4 to the shared stream
 TIMEOUT_S = 120
 
 
-def start_workers(path: Path, names: list[str], count: int) -> list[subprocess.Popen[str]]:
+def start_workers(path: str, names: list[str], count: int) -> list[subprocess.Popen[str]]:
     procs = [subprocess.Popen([sys.executable, WRITER, "worker", str(path), name, str(count)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for name in names]
@@ -61,13 +63,12 @@ def finish(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str, int]]:
 
 
 @pytest.fixture
-def path(tmp_path: Path) -> Path:
-    created = tmp_path / "shared.db"
-    EventStore.open(created).close()
-    return created
+def path(store_target: str) -> str:
+    EventStore.open(store_target).close()
+    return store_target
 
 
-def test_concurrent_writers_lose_nothing(path: Path) -> None:
+def test_concurrent_writers_lose_nothing(path: str) -> None:
     names = [f"worker-{n}" for n in range(WORKERS)]
     acks = finish(start_workers(path, names, PER_WORKER))
     shared_each = PER_WORKER // 4
@@ -90,11 +91,12 @@ def test_concurrent_writers_lose_nothing(path: Path) -> None:
         assert store.streams() == sorted([*names, "shared"])
 
 
-def test_concurrent_first_opens_of_a_new_path(tmp_path: Path) -> None:
+def test_concurrent_first_opens_of_a_new_path(places: Places) -> None:
     # Before the busy timeout was set ahead of the header check, about half of these failed with
-    # StoreBusyError while another process was turning the new file to WAL.
-    for attempt in range(3):
-        path = tmp_path / f"new-{attempt}.db"
+    # StoreBusyError while another process was turning the new file to WAL. On a server the workers race
+    # to create the store's schema.
+    for _ in range(3):
+        path = places.new()
         names = [f"opener-{n}" for n in range(WORKERS)]
         acks = finish(start_workers(path, names, 1))
         assert len(acks) == WORKERS

@@ -2,29 +2,29 @@
 
 The model is a list of rows ``(seq, stream, version, type, at, body)``; after every step the log must
 read back exactly as the model says (the bytes stored are the canonical bytes of the event appended),
-every query must agree with it, and the chain must verify, keyed or not.
+every query must agree with it, and the chain must verify, keyed or not. On both backends: the model and
+the paging cases run against a file and against a schema on a PostgreSQL server.
 """
 
 from __future__ import annotations
 
 import itertools
-import shutil
-import tempfile
 import threading
-import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-import apsw
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from pg import Server
+from targets import Places, raw_sql
 
 from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError
 from lifecycle_es import store as store_module
 from lifecycle_es.backend import MAX_EVENT_BYTES, PAGE_BYTES
+from lifecycle_es.backends import is_url
 from lifecycle_es.canonical import MAX_EPOCH_MS, iso_ms
 from lifecycle_es.events import (
     DrainExpired,
@@ -64,12 +64,13 @@ def as_model(recorded: Any) -> ModelRow:
 
 
 class StoreModel(RuleBasedStateMachine):
-    """The real store, on a real file, beside a list of the rows it must hold."""
+    """The real store, fresh for each run (a file, or a schema on a server), beside a list of the rows it
+    must hold."""
 
-    def __init__(self) -> None:
+    def __init__(self, places: Places) -> None:
         super().__init__()
-        self.directory = Path(tempfile.mkdtemp(prefix="store-model-"))
-        self.path = self.directory / "events.db"
+        self.places = places
+        self.path = places.new()
         self.clock = FakeClock()
         self.rows: list[ModelRow] = []
         self.events: list[Event] = []
@@ -176,11 +177,12 @@ class StoreModel(RuleBasedStateMachine):
     def teardown(self) -> None:
         if self.store is not None:
             self.store.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self.places.clean()
 
 
-StoreModel.TestCase.settings = settings(max_examples=20, stateful_step_count=15, deadline=None)
-TestStoreModel = StoreModel.TestCase
+def test_store_against_the_model(places: Places) -> None:
+    run_state_machine_as_test(lambda: StoreModel(places),
+                              settings=settings(max_examples=20, stateful_step_count=15, deadline=None))
 
 
 # --- paging across PAGE ------------------------------------------------------------------------------------
@@ -192,10 +194,26 @@ def stream_of(seq: int) -> str:
     return "a" if seq % 3 else ("b" if seq % 2 else "c")
 
 
+def module_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A target for a module's store on the backend `request.param` names; removed after the module."""
+    if request.param == "postgres":
+        server: Server = request.getfixturevalue("pg_server")
+        schema = server.new_schema()
+        yield server.url(schema)
+        server.drop(schema)
+    else:
+        yield str(tmp_path_factory.mktemp("log") / "events.db")
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def long_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from module_target(request, tmp_path_factory)
+
+
 @pytest.fixture(scope="module")
-def long_log(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def long_log(long_target: str) -> Any:
     assert store_module.PAGE == 2000, "the cases below are placed around a 2000-row page"
-    path = tmp_path_factory.mktemp("long") / "events.db"
+    path = long_target
     with EventStore.open(path, now=FakeClock().now) as store:
         with store.transaction() as tx:  # one commit: 4500 fsyncs would cost seconds for nothing
             for seq in range(1, TOTAL + 1):
@@ -259,10 +277,15 @@ def large_drain(n: int) -> DrainExpired:
                         deadline_at="2026-01-01T00:00:00.000Z")
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def large_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from module_target(request, tmp_path_factory)
+
+
 @pytest.fixture(scope="module")
-def large_log(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def large_log(large_target: str) -> Any:
     """60 events of about 260 KB (15 MB) in two streams, then a small one."""
-    path = tmp_path_factory.mktemp("large") / "events.db"
+    path = large_target
     with EventStore.open(path, now=FakeClock().now) as store:
         with store.transaction() as tx:
             for n in range(60):
@@ -290,19 +313,21 @@ def test_pages_end_by_bytes_as_well_as_rows(large_log: Any) -> None:
     assert store.verify().events == len(rows)
 
 
-def test_a_body_beyond_the_bound_is_never_loaded_and_named_by_seq(tmp_path: Path) -> None:
-    """A body an attacker made larger than MAX_EVENT_BYTES (the append-only triggers dropped and put
-    back): reads yield the rows before it, then raise IntegrityError at its seq."""
-    path = tmp_path / "events.db"
+def test_a_body_beyond_the_bound_is_never_loaded_and_named_by_seq(store_target: str) -> None:
+    """A body an attacker made larger than MAX_EVENT_BYTES (the append-only trigger dropped or disabled,
+    and put back): reads yield the rows before it, then raise IntegrityError at its seq."""
+    path = store_target
     with EventStore.open(path) as store:
         store.append_unchecked("a", [ReclaimCompleted(generation=n) for n in range(1, 6)])
-    conn = apsw.Connection(str(path))
-    try:
-        conn.execute("DROP TRIGGER events_no_update")
-        conn.execute("UPDATE events SET body = zeroblob(?) WHERE seq = 3", (MAX_EVENT_BYTES + 1,))
-        conn.execute(MIGRATIONS[1][2])  # events_no_update, as it was
-    finally:
-        conn.close()
+    with raw_sql(path) as run:
+        if is_url(path):
+            run("ALTER TABLE events DISABLE TRIGGER events_no_change")
+            run("UPDATE events SET body = decode(repeat('00', ?), 'hex') WHERE seq = 3", (MAX_EVENT_BYTES + 1,))
+            run("ALTER TABLE events ENABLE TRIGGER events_no_change")
+        else:
+            run("DROP TRIGGER events_no_update")
+            run("UPDATE events SET body = zeroblob(?) WHERE seq = 3", (MAX_EVENT_BYTES + 1,))
+            run(MIGRATIONS[1][2])  # events_no_update, as it was
     with EventStore.open(path, read_only=True) as store:
         seen = []
         with pytest.raises(IntegrityError, match=f"{MAX_EVENT_BYTES + 1:,} bytes, beyond the bound") as info:
@@ -421,8 +446,8 @@ def test_follow_one_stream_after_a_seq(store: EventStore) -> None:
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.binary(min_size=32, max_size=32), events=st.lists(EVENTS, min_size=1, max_size=8))
-def test_keyed_round_trip_survives_reopen(tmp_path: Path, key: bytes, events: list[Event]) -> None:
-    path = tmp_path / f"{uuid.uuid4().hex}.db"
+def test_keyed_round_trip_survives_reopen(places: Places, key: bytes, events: list[Event]) -> None:
+    path = places.new()
     with EventStore.open(path, key=key) as store:
         written = store.append_unchecked("runner-1", events, expected_version=0)
     with EventStore.open(path, key=key) as store:

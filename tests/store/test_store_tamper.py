@@ -369,10 +369,13 @@ def test_unkeyed_history_rewritten_at_the_sealed_seq_is_caught_by_the_seal(tmp_p
 
 
 @pytest.fixture
-def filled(store: EventStore) -> Iterator[EventStore]:
-    for stream, events in history():
-        store.append_unchecked(stream, events)
-    yield store
+def filled(tmp_path: Path, clock: FakeClock) -> Iterator[EventStore]:
+    """A store file with the history in it. SQLite only: the edits below are the file's own SQL dialect
+    (test_postgres.py tries the same edits on a server's store)."""
+    with EventStore.open(tmp_path / "events.db", now=clock.now) as store:
+        for stream, events in history():
+            store.append_unchecked(stream, events)
+        yield store
 
 
 @pytest.mark.parametrize("sql", [
