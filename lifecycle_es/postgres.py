@@ -47,6 +47,10 @@ CHANNEL_PREFIX = "lifecycle_es_"
 class PostgresBackend(ServerReadModelTables):
     """One psycopg connection to a store schema on a PostgreSQL server (see the module's docstring)."""
 
+    checks_identity_in_write = True
+    """`write` reads the store's identity with its lock (StoreFencedError when it changed), so the store
+    need not ask `file_identity` first."""
+
     def __init__(self, target: ServerTarget, *, durability: str, busy_timeout_ms: int,
                  read_only: bool = False) -> None:
         self.target = target
@@ -59,6 +63,10 @@ class PostgresBackend(ServerReadModelTables):
         # The last seq this handle committed, and the one its open transaction appended up to.
         self._acked = 0
         self._pending = 0
+        # Inside a write transaction: each stream's tail as read (or as this transaction's inserts left it),
+        # all sharing one head. Only an insert moves them (every other write leaves events alone), and a
+        # savepoint's rollback drops them; nothing else can, since the head row's lock is held.
+        self._tails: dict[str, Tail] = {}
         self._pipeline: Any = None
         self._listener: psycopg.Connection[Any] | None = None
         self._sql = _Statements(target.schema)
@@ -199,7 +207,9 @@ class PostgresBackend(ServerReadModelTables):
         return (rows[0][0], bytes(rows[0][1]), rows[0][2]) if rows else (0, None, None)
 
     def head_at(self) -> str | None:
-        """The head's at (None for an empty log)."""
+        """The head's at (None for an empty log); in a write transaction, from a tail it read (no query)."""
+        if self._writing and self._tails:
+            return next(iter(self._tails.values()))[3]
         return self.head()[2]
 
     def stream_version(self, stream: str) -> int:
@@ -209,10 +219,17 @@ class PostgresBackend(ServerReadModelTables):
 
     def tail(self, stream: str) -> Tail:
         """(stream version, head seq, head hash, head at): in a write transaction, read once the head row is
-        locked, so no other writer's commit can follow it; the head row must agree with the last event."""
+        locked, so no other writer's commit can follow it, and kept until this transaction inserts."""
+        if self._writing:
+            kept = self._tails.get(stream)
+            if kept is not None:
+                return kept
         rows = self._rows("read stream version and head", self._sql.tail, (stream,))
         version, seq, digest, at = rows[0]
-        return (int(version or 0), int(seq or 0), bytes(digest) if digest is not None else None, at)
+        found: Tail = (int(version or 0), int(seq or 0), bytes(digest) if digest is not None else None, at)
+        if self._writing:
+            self._tails[stream] = found
+        return found
 
     def insert(self, rows: Sequence[Row]) -> None:
         """Insert event rows (inside a write transaction) and queue ``advance_head``, which raises (and so
@@ -231,6 +248,9 @@ class PostgresBackend(ServerReadModelTables):
             self.conn.execute(self._sql.advance, (rows[0][0], rows[0][6], last[0], last[7], last[4]))
             if self.target.notify:
                 self.conn.execute(self._sql.notify, (str(last[0]),))
+        # The log's new head; the stream written is at its last row's version. advance_head fails the commit
+        # (or the savepoint) if the rows did not land, and either drops what is kept here.
+        self._tails = {last[1]: (last[2], last[0], last[7], last[4])}
         self._pending = last[0]
 
     def pages(self, *, after: int, stream: str | None, limit: int | None = None) -> Iterator[list[Row]]:
@@ -418,6 +438,19 @@ class _ServerTransaction:
 
     def __enter__(self) -> psycopg.Connection[Any]:
         backend = self.backend
+        if backend.conn.closed or backend.conn.broken:
+            backend.file_identity()  # reconnects, fencing on another store or a head behind what was acked
+        try:
+            return self._begin()
+        except StoreIOError:
+            if not (backend.conn.closed or backend.conn.broken):
+                raise
+        # The server closed the connection since its last use (a restart, a failover): once more, anew.
+        backend.file_identity()
+        return self._begin()
+
+    def _begin(self) -> psycopg.Connection[Any]:
+        backend = self.backend
         conn = backend.conn
         backend._pending = 0
         try:
@@ -428,11 +461,20 @@ class _ServerTransaction:
             # The tail and every later read come after the lock, each statement with a fresh snapshot: they
             # see every commit made before the lock was had. Had before this returns: the lock is held from
             # the transaction's start, as the contract says, not from its first read.
-            conn.execute(backend._sql.lock)
-            self.pipeline.sync()
+            locked = conn.execute(backend._sql.lock).fetchone()
         except psycopg.Error as exc:
             self._abandon()
+            if isinstance(exc, psycopg.errors.UndefinedTable):
+                raise StoreFencedError(f"the store in {backend.path} is gone (schema {backend.schema!r})") from None
             raise translation(self.action, exc, backend.path) from exc
+        # The store's identity, read under the lock: the storage replaced underneath fences this handle here,
+        # without a round trip of its own (`checks_identity_in_write`).
+        if locked is None or locked[0] is None or (
+                int(locked[1]), int.from_bytes(bytes(locked[0])[:8], "big")) != backend.identity:
+            self._abandon()
+            raise StoreFencedError(f"the store in {backend.path} is not the one this handle opened (replaced "
+                                   "underneath, or another cluster answers at its address)")
+        backend._tails = {}
         backend._writing = True
         return conn
 
@@ -452,6 +494,7 @@ class _ServerTransaction:
                  tb: object) -> Literal[False]:
         backend = self.backend
         backend._writing = False
+        backend._tails = {}
         conn = backend.conn
         if exc is not None:
             self._abandon()
@@ -491,7 +534,8 @@ class _Statements:
         self.meta = f"SELECT value FROM {s}.meta WHERE key = %s"
         self.set_meta = f"INSERT INTO {s}.meta (key, value) VALUES (%s, %s)"
         self.lock_timeout = "SET LOCAL lock_timeout = '{timeout}'"
-        self.lock = f"SELECT seq FROM {s}.head FOR UPDATE"
+        self.lock = (f"SELECT (SELECT value FROM {s}.meta WHERE key = 'store_id'),"
+                     " (SELECT system_identifier FROM pg_control_system()) FROM " + f"{s}.head FOR UPDATE")
         self.head = f"SELECT seq FROM {s}.head"
         self.last = f"SELECT seq, hash, at FROM {s}.events ORDER BY seq DESC LIMIT 1"
         self.stream_version = f"SELECT version FROM {s}.events WHERE stream = %s ORDER BY version DESC LIMIT 1"

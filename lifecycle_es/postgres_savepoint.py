@@ -69,6 +69,7 @@ class ServerSavepoint:
     def _roll_back(self, cause: BaseException) -> None:
         backend = self.backend
         backend._pending = self.pending
+        backend._tails = {}  # what the rolled-back block read or inserted is no longer the log
         conn = backend.conn
         if conn.broken or conn.closed:
             self.lost = True

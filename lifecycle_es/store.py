@@ -251,6 +251,8 @@ class EventStore:
             raise StoreFencedError(self._fence)
         if self._backend.read_only:
             raise StoreIOError(f"{action}: the store {self.path!r} was opened read-only")
+        if getattr(self._backend, "checks_identity_in_write", False):
+            return _Fencing(self, self._backend.write(action))
         try:
             identity = self._backend.file_identity()
         except StoreFencedError as exc:
@@ -554,6 +556,27 @@ def _too_large(bodies: Sequence[tuple[str, bytes]]) -> InvalidInputError:
     index, (type_, body) = next((index, pair) for index, pair in enumerate(bodies) if len(pair[1]) > MAX_EVENT_BYTES)
     return InvalidInputError("events", f"event {index} ({type_}) is {len(body):,} bytes encoded, beyond the bound of "
                                        f"{MAX_EVENT_BYTES:,} bytes an event may hold (MAX_EVENT_BYTES)")
+
+
+class _Fencing:
+    """A backend's write transaction that checks the store's identity as it begins: its StoreFencedError
+    fences the store, as `EventStore._write`'s own check does."""
+
+    __slots__ = ("inner", "store")
+
+    def __init__(self, store: EventStore, inner: Any) -> None:
+        self.store = store
+        self.inner = inner
+
+    def __enter__(self) -> Any:
+        try:
+            return self.inner.__enter__()
+        except StoreFencedError as exc:
+            self.store.fence(str(exc))
+            raise StoreFencedError(self.store._fence or str(exc)) from None
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.inner.__exit__(*exc)
 
 
 class WriteTransaction:
