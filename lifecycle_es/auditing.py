@@ -200,7 +200,8 @@ def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = No
         if not downgraded:
             store.close()
             store = open_for_audit(path, key)
-        report = _audit(store, None if downgraded else key, seal_path, jobs, progress, signed)
+        # The workers reopen the store as the caller named it: its path has a URL's password masked.
+        report = _audit(store, None if downgraded else key, seal_path, jobs, progress, signed, reopen=path)
         if downgraded:
             report.add(None, None, "key", DOWNGRADE)
         return report
@@ -231,13 +232,13 @@ def _trusted(trust: Trust | None) -> list[Verifier] | None:
 
 def _audit(store: EventStore, key: bytes | None, seal_path: str | None, jobs: int,
            progress: Callable[[int, int], None] | None,
-           signed: tuple[str, list[Verifier]] | None = None) -> AuditReport:
+           signed: tuple[str, list[Verifier]] | None = None, *, reopen: str | None = None) -> AuditReport:
     key = key if key is not None else store._key
     if store.key_id is not None and key is None:
         raise StoreKeyError("the store is keyed: its hashes are MACs, so auditing it needs its key")
     report = AuditReport(path=store.path, keyed=store.keyed)
     with store.backend.read_tx("audit"):
-        _prove(store, report, key, seal_path, jobs, progress)
+        _prove(store, report, key, seal_path, jobs, progress, reopen or store.path)
         if signed is not None:
             check_checkpoints(store, report, *signed)
         elif os.path.lexists(store.path + ".checkpoints"):
@@ -247,7 +248,7 @@ def _audit(store: EventStore, key: bytes | None, seal_path: str | None, jobs: in
 
 
 def _prove(store: EventStore, report: AuditReport, key: bytes | None, seal_path: str | None, jobs: int,
-           progress: Callable[[int, int], None] | None) -> None:
+           progress: Callable[[int, int], None] | None, reopen: str) -> None:
     """The pass over the log: schema, chain, rules, caches and seal, each found problem into `report`."""
     schema = store.schema_problems()
     # A few name it; the rest are counted, so that a file with thousands leaves room for the log's own.
@@ -270,7 +271,7 @@ def _prove(store: EventStore, report: AuditReport, key: bytes | None, seal_path:
     position = store.backend.read_model_position()
     # Only the events a snapshot was taken at need their state handed back for the snapshot check.
     snapshot_seqs = frozenset(seq for _, seq in store.backend.snapshot_positions())
-    walks = _walks(store, key, head.seq, jobs, position, snapshot_seqs, report, progress)
+    walks = _walks(store, reopen, key, head.seq, jobs, position, snapshot_seqs, report, progress)
     streams, captured = _merge(report, walks, snapshots)
     if any(walked.problem is not None for walked in walks):
         return  # what follows compares against a replay that did not finish
@@ -284,7 +285,7 @@ def _prove(store: EventStore, report: AuditReport, key: bytes | None, seal_path:
         _check_seal(store, report, seal_path, key)
 
 
-def _walks(store: EventStore, key: bytes | None, head: int, jobs: int, position: int | None,
+def _walks(store: EventStore, reopen: str, key: bytes | None, head: int, jobs: int, position: int | None,
            snapshot_seqs: frozenset[int], report: AuditReport,
            progress: Callable[[int, int], None] | None) -> list[Walked]:
     ranges = split(head, jobs) if jobs > 1 else []
@@ -293,7 +294,8 @@ def _walks(store: EventStore, key: bytes | None, head: int, jobs: int, position:
     if report.jobs == 1:
         return [walk(store, key, head=head, chain_range=(1, head), share=None, position=position,
                      snapshot_seqs=snapshot_seqs, progress=tell)]
-    calls = [(store.path, key, head, first, last, part, len(ranges), position, snapshot_seqs)
+    # The target travels to each worker on its stdin with the key, never in argv.
+    calls = [(reopen, key, head, first, last, part, len(ranges), position, snapshot_seqs)
              for part, (first, last) in enumerate(ranges)]
     with Workers("lifecycle_es.walk:walk_share", calls, progress=tell) as workers:
         results: list[Walked] = workers.results()

@@ -198,6 +198,10 @@ def _serve() -> int:
     global _progress_fd
     fd_text = os.environ.pop(_PROGRESS_FD_ENV, None)
     _progress_fd = int(fd_text) if fd_text and fd_text.isdigit() else None
+    # Run as ``python -m``, this module is ``__main__``; the code a worker calls imports it again by its
+    # name, and reports through that copy's `report_progress`: it must hold the pipe too.
+    named = importlib.import_module(__spec__.name if __spec__ is not None else __name__)
+    setattr(named, "_progress_fd", _progress_fd)  # noqa: B010 (the module as imported by name)
     target, call = pickle.loads(sys.stdin.buffer.read())
     try:
         value = (False, _resolve(target)(*call))

@@ -7,11 +7,14 @@ server (`fleet`, `keyed`, `long`); a superuser's edits of a server's rows are ca
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import subprocess
 import sys
 import textwrap
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -182,7 +185,11 @@ def test_progress_is_a_callback_and_the_library_draws_nothing(long: str,
 
 def test_jobs_share_the_work_and_agree_with_one_process(long: str) -> None:
     one = audit(long)
-    two = audit(long, jobs=2)
+    seen: list[tuple[int, int]] = []
+    two = audit(long, jobs=2, progress=lambda done, total: seen.append((done, total)))
+    # The workers' progress reaches the caller (the slowest worker's count), never past the log.
+    assert seen and all(total == two.events and 0 <= done <= total for done, total in seen)
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
     assert one.events >= 2 * MIN_RANGE_EVENTS
     assert two.jobs == 2 and one.jobs == 1
     assert (two.ok, two.events, two.streams, two.head) == (one.ok, one.events, one.streams, one.head)
@@ -208,6 +215,59 @@ def test_jobs_from_a_plain_script_without_a_main_guard(long: str, tmp_path: Path
     assert done.stderr == ""
     ok, jobs, events = done.stdout.split()
     assert (ok, jobs) == ("True", "2") and int(events) >= 2 * MIN_RANGE_EVENTS
+
+
+def descendants_argv() -> list[str]:
+    """The command lines of this process's children (the audit's workers while it runs)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            if parent == os.getpid():
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    found.append(cmdline.read().replace(b"\0", b" ").decode(errors="replace"))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+@contextlib.contextmanager
+def password_role(server: Server, schema: str) -> Iterator[tuple[str, str]]:
+    """A role that logs in with a password only (scram, its own pg_hba line) and has what the README says
+    an auditor needs, USAGE and SELECT; the role and its line are gone afterwards."""
+    role, password = f"auditor_{uuid.uuid4().hex[:8]}", f"pw-{uuid.uuid4().hex}"
+    hba = Path(server.directory, "data", "pg_hba.conf")
+    before = hba.read_text()
+    with psycopg.connect(server.conninfo(), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")  # type: ignore[arg-type]
+        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")  # type: ignore[arg-type]
+        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}")  # type: ignore[arg-type]
+        hba.write_text(f"local all {role} scram-sha-256\n" + before)
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        yield role, password
+    finally:
+        hba.write_text(before)
+        with psycopg.connect(server.conninfo(), autocommit=True) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+            conn.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
+            conn.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_jobs_open_a_server_store_by_a_url_with_a_password_never_in_argv(backend: Server, long: str) -> None:
+    schema = server_target(long).schema
+    with password_role(backend, schema) as (role, password):
+        url = f"postgresql://{role}:{password}@/postgres?host={backend.directory}&schema={schema}"
+        with pytest.raises(LifecycleError):  # the password is asked for: a wrong one is refused
+            audit(url.replace(password, "wrong"))
+        argv: list[str] = []
+        report = audit(url, jobs=2, progress=lambda done, total: argv.extend(descendants_argv()))
+        assert report.ok and report.jobs == 2, report.problems
+        assert any("lifecycle_es.workers" in line for line in argv), argv
+        assert not [line for line in argv if password in line]
+        assert password not in str(report.as_dict())
 
 
 def test_the_report_is_plain_json_values(fleet: Log) -> None:
