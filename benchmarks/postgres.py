@@ -1,0 +1,263 @@
+"""PostgreSQL figures: the store on a real server against raw SQL and eventsourcing on the same server.
+
+    python -m benchmarks.postgres [--quick]
+
+One throwaway cluster for the whole run (`benchmarks.cluster`: the machine's PostgreSQL binaries, a unix
+socket, fsync and synchronous_commit on), every subject and its baseline on it, in alternating rounds:
+
+- a durable command (acquire_lease / settle_lease pairs of a `RunnerLifecycle`, one transaction each) vs
+  a raw autocommit ``INSERT`` into a table with the same columns and indexes (one round trip, one WAL
+  flush: the floor), and vs eventsourcing's PostgreSQL recorder saving one event per save (>= 1.2x);
+- a batch of 1000 events by ``append_unchecked`` vs a binary ``COPY`` of 1000 rows of the same bytes;
+- follow wake-up latency p50 and p99 (a follower thread on ``store.follow()``: from the append's return
+  to the follower's yield), with NOTIFY on and with ``notify=off`` (polling every 50 ms), vs a raw
+  ``NOTIFY`` seen by a raw ``LISTEN``;
+- 1, 4 and 8 writer threads, each with its own store handle, appending single events (chained, under the
+  head row's lock) vs as many threads of raw autocommit INSERTs: events/s and p99;
+- round trips: the statements the server logs per command (``log_statement=all``), and the round trips
+  `benchmarks.pgrounds` prototypes (raw SQL, the store's own statements) would save.
+
+The load average is printed beside each figure: on a shared machine, the absolute rates move with it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from lifecycle_es import EventStore
+from lifecycle_es.events import encode
+
+from . import history, pgfollow, pgrounds, runners
+from .baselines import pyeventsourcing, raw_postgres
+from .cluster import Server, cluster
+from .measure import Figure, Target, alternate, clock_ns, compared, percentile, rate
+from .pgrounds import load
+from .suite import Context, main
+
+BATCH = 1000
+WRITERS = (1, 4, 8)
+POLL = 0.05
+
+
+def _scale(context: Context) -> dict[str, Any]:
+    if context.quick:
+        return {"rounds": 12, "commands": 30, "batch_rounds": 5, "wake_rounds": 6, "wakes": 20,
+                "writer_rounds": 2, "writer_seconds": 1.5, "statement_commands": 20}
+    return {"rounds": 30, "commands": 40, "batch_rounds": 11, "wake_rounds": 10, "wakes": 40,
+            "writer_rounds": 3, "writer_seconds": 3.0, "statement_commands": 50}
+
+
+def _body() -> bytes:
+    return encode(history.lease_pair("runner-raw", 0)[0])
+
+
+class _Stream:
+    """One stream of a store appended to one event (or one batch) at a time, `append_unchecked`."""
+
+    def __init__(self, store: EventStore, stream: str) -> None:
+        self.store, self.stream = store, stream
+        self.version = store.stream_version(stream)
+        self.pairs = itertools.count()
+
+    def events(self, count: int) -> list[Any]:
+        out: list[Any] = []
+        while len(out) < count:
+            out.extend(history.lease_pair(self.stream, next(self.pairs)))
+        return out[:count]
+
+    def append(self, events: list[Any]) -> None:
+        self.store.append_unchecked(self.stream, events, expected_version=self.version, at=history.AT)
+        self.version += len(events)
+
+
+# --- a durable command: raw INSERT and eventsourcing saves in the same rounds ------------------------
+
+
+def _eventsourcing(server: Server) -> tuple[Any, str | None]:
+    """eventsourcing's application on this server, or None and why it cannot run here."""
+    problem = pyeventsourcing.postgres_problem()
+    if problem is not None:
+        return None, problem
+    with psycopg.connect(server.conninfo(), autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS es_bench")
+    try:
+        return pyeventsourcing.Fleet("postgres", env=pyeventsourcing.postgres_env(server.directory, "es_bench")), None
+    except Exception as exc:  # the library's own failure on this server is what the figure reports
+        return None, f"eventsourcing {pyeventsourcing.version()} failed on this server: {type(exc).__name__}: {exc}"
+
+
+def _single(context: Context, server: Server, scale: dict[str, Any], fleet: Any, problem: str | None) -> list[Figure]:
+    title = "PostgreSQL durable command (acquire/settle)"
+    store = EventStore.open(server.url("bench_single"))
+    raw = raw_postgres.RawTable(server.conninfo(), "raw_single")
+    try:
+        runner = runners.LifecycleRunner(store, "runner-single", context.workdir)
+        count, body = scale["commands"], _body()
+
+        def raw_round() -> float:
+            rows = raw.rows(body, "runner-raw", count)
+            return rate(lambda: sum(raw.insert_commit(row) is None for row in rows))
+
+        subjects: dict[str, Callable[[], float]] = {"ours": lambda: rate(lambda: runner.commands(count)),
+                                                    "raw": raw_round}
+        if fleet is not None:
+            es_runner, pairs = fleet.new_runner("runner-single"), itertools.count()
+            subjects["eventsourcing"] = lambda: rate(
+                lambda: sum(fleet.acquire_settle(es_runner, next(pairs)) for _ in range(count // 2)))
+        rates = alternate(subjects, scale["rounds"])
+    finally:
+        store.close()
+        raw.close()
+    note = (f"one transaction per command, synchronous_commit=on, no preflight; {scale['rounds']} alternating "
+            f"rounds of {count}; {load()}")
+    figures = [compared("postgres.command.single", title, "cmd/s", rates["ours"], rates["raw"],
+                        "raw autocommit INSERT, same indexes", None, samples=rates, note=note)]
+    es_title = f"{title} vs eventsourcing save"
+    if fleet is None:
+        figures.append(compared("postgres.command.vs_eventsourcing", es_title, "cmd/s", rates["ours"], None,
+                                "eventsourcing: cannot run", Target(">=", 1.2), note=str(problem)))
+    else:
+        figures.append(compared("postgres.command.vs_eventsourcing", es_title, "cmd/s", rates["ours"],
+                                rates["eventsourcing"], "eventsourcing PostgreSQL save", Target(">=", 1.2),
+                                samples=rates,
+                                note=f"eventsourcing {pyeventsourcing.version()}, PostgresApplicationRecorder, "
+                                     "one event per save, aggregate kept in memory, same server"))
+    return figures
+
+
+# --- a batch: append_unchecked vs binary COPY ------------------------------------------------------------
+
+
+def _batch(server: Server, scale: dict[str, Any]) -> Figure:
+    store = EventStore.open(server.url("bench_batch"))
+    raw = raw_postgres.RawTable(server.conninfo(), "raw_batch")
+    try:
+        stream = _Stream(store, "runner-batch")
+        stream.append([history.initialized("runner-batch")])
+        bodies = [encode(event) for event in stream.events(BATCH)]
+
+        def ours() -> float:
+            events = stream.events(BATCH)
+            return rate(lambda: stream.append(events) or BATCH)
+
+        def copy() -> float:
+            versions = raw.versions.setdefault("runner-batch", itertools.count(1))
+            rows = [(next(raw.seqs), "runner-batch", next(versions), "LeaseAcquired", history.AT, body,
+                     os.urandom(32), os.urandom(32)) for body in bodies]
+            return rate(lambda: raw.copy(rows) or BATCH)
+
+        rates = alternate({"ours": ours, "copy": copy}, scale["batch_rounds"])
+    finally:
+        store.close()
+        raw.close()
+    return compared("postgres.batch", f"PostgreSQL batch of {BATCH} events (append_unchecked)", "ev/s",
+                    rates["ours"], rates["copy"], "binary COPY, same bytes, one transaction", None, samples=rates,
+                    note=f"{scale['batch_rounds']} alternating rounds; ours encodes, chains and pipelines INSERTs; "
+                         f"{load()}")
+
+
+# --- concurrent writers ----------------------------------------------------------------------------------
+
+
+def _threads(workers: list[Callable[[], None]], seconds: float) -> tuple[float, list[float]]:
+    """Run each worker's operation in its own thread, as often as it can for `seconds`: (ops/s, latencies µs)."""
+    start = threading.Barrier(len(workers) + 1)
+    latencies: list[list[float]] = [[] for _ in workers]
+    deadline = [0]
+
+    def loop(index: int) -> None:
+        start.wait()
+        operation, mine = workers[index], latencies[index]
+        while True:
+            began = clock_ns()
+            if began >= deadline[0]:
+                return
+            operation()
+            mine.append((clock_ns() - began) / 1000)
+
+    threads = [threading.Thread(target=loop, args=(index,), daemon=True) for index in range(len(workers))]
+    for thread in threads:
+        thread.start()
+    deadline[0] = clock_ns() + int(seconds * 1e9)
+    began = clock_ns()
+    start.wait()
+    for thread in threads:
+        thread.join()
+    elapsed = (clock_ns() - began) / 1e9
+    merged = [sample for mine in latencies for sample in mine]
+    return len(merged) / elapsed, merged
+
+
+def _writers(server: Server, scale: dict[str, Any]) -> list[Figure]:
+    figures: list[Figure] = []
+    body = _body()
+    seqs = itertools.count(1)
+    for count in WRITERS:
+        stores = [EventStore.open(server.url(f"bench_writers_{count}")) for _ in range(count)]
+        raws = [raw_postgres.RawTable(server.conninfo(), f"raw_writers_{count}", seqs) for _ in range(count)]
+        try:
+            streams = [_Stream(store, f"runner-w{index}") for index, store in enumerate(stores)]
+            for stream in streams:
+                stream.append([history.initialized(stream.stream)])
+            ours_work = [lambda stream=stream: stream.append(stream.events(1)) for stream in streams]
+            raw_work = [lambda table=table, index=index: table.insert_commit(table.rows(body, f"w{index}", 1)[0])
+                        for index, table in enumerate(raws)]
+            latencies: dict[str, list[float]] = {"ours": [], "raw": []}
+
+            def side(work: list[Callable[[], None]], into: list[float]) -> Callable[[], float]:
+                def round_() -> float:
+                    got, samples = _threads(work, scale["writer_seconds"])
+                    into.extend(samples)
+                    return got
+                return round_
+
+            rates = alternate({"ours": side(ours_work, latencies["ours"]), "raw": side(raw_work, latencies["raw"])},
+                              scale["writer_rounds"])
+        finally:
+            for store in stores:
+                store.close()
+            for table in raws:
+                table.close()
+        noun = "writer" if count == 1 else "writers"
+        figures.append(compared(f"postgres.writers.{count}", f"{count} {noun}, single-event appends", "ev/s",
+                                rates["ours"], rates["raw"], "raw autocommit INSERTs, as many threads", None,
+                                samples=rates,
+                                note=f"threads, each with its own store handle (connection), {scale['writer_rounds']} "
+                                     f"alternating rounds of {scale['writer_seconds']} s; {load()}"))
+        figures.append(compared(f"postgres.writers.{count}.p99", f"{count} {noun}, append p99", "µs",
+                                percentile(latencies["ours"], 99), percentile(latencies["raw"], 99),
+                                "raw autocommit INSERT p99", None))
+    return figures
+
+
+def run(context: Context) -> list[Figure]:
+    """Every PostgreSQL figure, on one throwaway cluster started for the run."""
+    scale = _scale(context)
+    with cluster() as server:
+        context.say(f"postgres: cluster at {server.directory}")
+        context.say("postgres: durable commands")
+        fleet, problem = _eventsourcing(server)
+        try:
+            figures = _single(context, server, scale, fleet, problem)
+            context.say("postgres: batches")
+            figures.append(_batch(server, scale))
+            context.say("postgres: follow wake-up")
+            figures += pgfollow.run(server, scale)
+            context.say("postgres: concurrent writers")
+            figures += _writers(server, scale)
+            context.say("postgres: statements and round trips per command")
+            figures += pgrounds.run(context, server, scale, fleet)
+        finally:
+            if fleet is not None:
+                fleet.close()
+    return figures
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(modules={"postgres": run}))
