@@ -282,7 +282,7 @@ def run(context: Context, server: Server, scale: dict[str, Any], fleet: Any = No
                 "ours": lambda: rate(lambda: sum(ours_stream.append() or 1 for _ in range(n))), "raw": raw_round}
             for trips, proto in protos.items():
                 subjects[trips] = lambda proto=proto: rate(lambda: sum(proto.append() or 1 for _ in range(n)))
-            rates = alternate({name: _cpu(name, subject, n, cpu) for name, subject in subjects.items()},
+            rates = alternate({name: cpu_per_op(name, subject, n, cpu) for name, subject in subjects.items()},
                               scale["rounds"])
             fallbacks = protos["1"].fallbacks
         finally:
@@ -312,7 +312,8 @@ def run(context: Context, server: Server, scale: dict[str, Any], fleet: Any = No
     return figures
 
 
-def _cpu(name: str, subject: Callable[[], float], count: int, into: dict[str, list[float]]) -> Callable[[], float]:
+def cpu_per_op(name: str, subject: Callable[[], float], count: int,
+               into: dict[str, list[float]]) -> Callable[[], float]:
     """`subject`, recording this process's CPU µs per operation of each round in ``into[name]``."""
     def measured() -> float:
         began = time.process_time()

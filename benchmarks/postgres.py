@@ -112,14 +112,17 @@ def _single(context: Context, server: Server, scale: dict[str, Any], fleet: Any,
             es_runner, pairs = fleet.new_runner("runner-single"), itertools.count()
             subjects["eventsourcing"] = lambda: rate(
                 lambda: sum(fleet.acquire_settle(es_runner, next(pairs)) for _ in range(count // 2)))
-        rates = alternate(subjects, scale["rounds"])
+        cpu: dict[str, list[float]] = {}
+        rates = alternate({name: pgrounds.cpu_per_op(name, subject, count, cpu) for name, subject in subjects.items()},
+                          scale["rounds"])
         audited = trimmed.verify().events
     finally:
         store.close()
         trimmed.close()
         raw.close()
+    shown_cpu = ", ".join(f"{name} {median(values):.0f}" for name, values in cpu.items())
     note = (f"one transaction per command, synchronous_commit=on, no preflight; {scale['rounds']} alternating "
-            f"rounds of {count}; {load()}")
+            f"rounds of {count}; client CPU µs per command or save (median of rounds): {shown_cpu}; {load()}")
     figures = [compared("postgres.command.single", title, "cmd/s", rates["ours"], rates["raw"],
                         "raw autocommit INSERT, same indexes", None, samples=rates, note=note)]
     es_title = f"{title} vs eventsourcing save"
