@@ -11,8 +11,8 @@ socket, fsync and synchronous_commit on), every subject and its baseline on it, 
   beside them, the same command on a backend patched to keep its tail (`pgrounds.trim`, a prototype);
 - a batch of 1000 events by ``append_unchecked`` vs a binary ``COPY`` of 1000 rows of the same bytes;
 - follow wake-up latency p50 and p99 (`benchmarks.pgfollow`), NOTIFY on and ``notify=off``;
-- 1, 4 and 8 writer threads, each with its own store handle, appending single events (chained, under the
-  head row's lock) vs as many threads of raw autocommit INSERTs: events/s and p99;
+- 1, 4 and 8 writer processes (`benchmarks.pgwriters`), each with its own store handle, appending single
+  events (chained, under the head row's lock) vs as many processes of raw autocommit INSERTs: events/s, p99;
 - where the time goes (`benchmarks.pgrounds`): statements per command from the server log, and
   prototype appends with fewer round trips and statements, with the client's CPU per append.
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -32,15 +31,14 @@ import psycopg
 from lifecycle_es import EventStore
 from lifecycle_es.events import encode
 
-from . import history, pgfollow, pgrounds, runners
+from . import history, pgfollow, pgrounds, pgwriters, runners
 from .baselines import pyeventsourcing, raw_postgres
 from .cluster import Server, cluster
-from .measure import Figure, Target, alternate, clock_ns, compared, median, number, percentile, rate
+from .measure import Figure, Target, alternate, compared, median, number, rate
 from .pgrounds import load
 from .suite import Context, main
 
 BATCH = 1000
-WRITERS = (1, 4, 8)
 POLL = 0.05
 
 
@@ -177,80 +175,6 @@ def _batch(server: Server, scale: dict[str, Any]) -> Figure:
                          f"{load()}")
 
 
-# --- concurrent writers ----------------------------------------------------------------------------------
-
-
-def _threads(workers: list[Callable[[], None]], seconds: float) -> tuple[float, list[float]]:
-    """Run each worker's operation in its own thread, as often as it can for `seconds`: (ops/s, latencies µs)."""
-    start = threading.Barrier(len(workers) + 1)
-    latencies: list[list[float]] = [[] for _ in workers]
-    deadline = [0]
-
-    def loop(index: int) -> None:
-        start.wait()
-        operation, mine = workers[index], latencies[index]
-        while True:
-            began = clock_ns()
-            if began >= deadline[0]:
-                return
-            operation()
-            mine.append((clock_ns() - began) / 1000)
-
-    threads = [threading.Thread(target=loop, args=(index,), daemon=True) for index in range(len(workers))]
-    for thread in threads:
-        thread.start()
-    deadline[0] = clock_ns() + int(seconds * 1e9)
-    began = clock_ns()
-    start.wait()
-    for thread in threads:
-        thread.join()
-    elapsed = (clock_ns() - began) / 1e9
-    merged = [sample for mine in latencies for sample in mine]
-    return len(merged) / elapsed, merged
-
-
-def _writers(server: Server, scale: dict[str, Any]) -> list[Figure]:
-    figures: list[Figure] = []
-    body = _body()
-    seqs = itertools.count(1)
-    for count in WRITERS:
-        stores = [EventStore.open(server.url(f"bench_writers_{count}")) for _ in range(count)]
-        raws = [raw_postgres.RawTable(server.conninfo(), f"raw_writers_{count}", seqs) for _ in range(count)]
-        try:
-            streams = [_Stream(store, f"runner-w{index}") for index, store in enumerate(stores)]
-            for stream in streams:
-                stream.append([history.initialized(stream.stream)])
-            ours_work = [lambda stream=stream: stream.append(stream.events(1)) for stream in streams]
-            raw_work = [lambda table=table, index=index: table.insert_commit(table.rows(body, f"w{index}", 1)[0])
-                        for index, table in enumerate(raws)]
-            latencies: dict[str, list[float]] = {"ours": [], "raw": []}
-
-            def side(work: list[Callable[[], None]], into: list[float]) -> Callable[[], float]:
-                def round_() -> float:
-                    got, samples = _threads(work, scale["writer_seconds"])
-                    into.extend(samples)
-                    return got
-                return round_
-
-            rates = alternate({"ours": side(ours_work, latencies["ours"]), "raw": side(raw_work, latencies["raw"])},
-                              scale["writer_rounds"])
-        finally:
-            for store in stores:
-                store.close()
-            for table in raws:
-                table.close()
-        noun = "writer" if count == 1 else "writers"
-        figures.append(compared(f"postgres.writers.{count}", f"{count} {noun}, single-event appends", "ev/s",
-                                rates["ours"], rates["raw"], "raw autocommit INSERTs, as many threads", None,
-                                samples=rates,
-                                note=f"threads, each with its own store handle (connection), {scale['writer_rounds']} "
-                                     f"alternating rounds of {scale['writer_seconds']} s; {load()}"))
-        figures.append(compared(f"postgres.writers.{count}.p99", f"{count} {noun}, append p99", "µs",
-                                percentile(latencies["ours"], 99), percentile(latencies["raw"], 99),
-                                "raw autocommit INSERT p99", None))
-    return figures
-
-
 def run(context: Context) -> list[Figure]:
     """Every PostgreSQL figure, on one throwaway cluster started for the run."""
     scale = _scale(context)
@@ -265,7 +189,7 @@ def run(context: Context) -> list[Figure]:
             context.say("postgres: follow wake-up")
             figures += pgfollow.run(server, scale)
             context.say("postgres: concurrent writers")
-            figures += _writers(server, scale)
+            figures += pgwriters.run(server, scale)
             context.say("postgres: statements and round trips per command")
             figures += pgrounds.run(context, server, scale, fleet)
         finally:
