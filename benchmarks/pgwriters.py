@@ -11,12 +11,14 @@ round's rate is every worker's operations over the round's length; p99 is over e
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
 import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from .baselines import raw_postgres
 from .cluster import Server
 from .measure import Figure, alternate, clock_ns, compared, percentile
 from .pgrounds import load
@@ -79,6 +81,8 @@ def run(server: Server, scale: dict[str, Any]) -> list[Figure]:
     seconds = scale["writer_seconds"]
     for count in WRITERS:
         pipes, processes = [], []
+        # The raw table is made here: CREATE TABLE IF NOT EXISTS from several processes at once can collide.
+        raw_postgres.RawTable(server.conninfo(), f"raw_writers_{count}").close()
         try:
             for index in range(count):
                 mine, theirs = context.Pipe()
@@ -98,7 +102,8 @@ def run(server: Server, scale: dict[str, Any]) -> list[Figure]:
                                for name in ("ours", "raw")}, scale["writer_rounds"])
         finally:
             for pipe in pipes:
-                pipe.send(None)
+                with contextlib.suppress(OSError):  # a worker that died has closed its end
+                    pipe.send(None)
             for process in processes:
                 process.join(timeout=30)
                 if process.is_alive():
