@@ -18,6 +18,9 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from lifecycle_es import EventStore
+
+from . import history
 from .baselines import raw_postgres
 from .cluster import Server
 from .measure import Figure, alternate, clock_ns, compared, percentile
@@ -37,8 +40,7 @@ def _worker(url: str, conninfo: str, raw_schema: str, index: int, stride: int, p
     stream = f"runner-w{index}"
     with EventStore.open(url) as store:
         raw = raw_postgres.RawTable(conninfo, raw_schema, itertools.count(index + 1, stride))
-        store.append_unchecked(stream, [history.initialized(stream)], expected_version=0, at=history.AT)
-        version, pairs = 1, 0
+        version, pairs = store.stream_version(stream), 0
         body = encode(history.lease_pair("runner-raw", 0)[0])
         pipe.send("ready")
         while (order := pipe.recv()) is not None:
@@ -81,8 +83,15 @@ def run(server: Server, scale: dict[str, Any]) -> list[Figure]:
     seconds = scale["writer_seconds"]
     for count in WRITERS:
         pipes, processes = [], []
-        # The raw table is made here: CREATE TABLE IF NOT EXISTS from several processes at once can collide.
+        # The store, its streams and the raw table are made here, before any worker opens them: eight
+        # processes creating one store at once collided ("relation meta already exists"), and a handle opened
+        # while another appended was refused ("its head row says seq 1, but the log's last event is seq 2":
+        # the open's check reads the head row and the last event in two statements).
         raw_postgres.RawTable(server.conninfo(), f"raw_writers_{count}").close()
+        with EventStore.open(server.url(f"bench_writers_{count}")) as store:
+            for index in range(count):
+                stream = f"runner-w{index}"
+                store.append_unchecked(stream, [history.initialized(stream)], expected_version=0, at=history.AT)
         try:
             for index in range(count):
                 mine, theirs = context.Pipe()
