@@ -33,8 +33,8 @@ from lifecycle_es.events import encode
 
 from . import history, pgfollow, pgrounds, pgwriters, runners
 from .baselines import pyeventsourcing, raw_postgres
-from .cluster import Server, cluster
-from .measure import Figure, Target, alternate, compared, median, number, rate
+from .cluster import NEED, Server, binaries, cluster
+from .measure import Figure, Target, alternate, compared, median, number, rate, unavailable
 from .pgrounds import load
 from .suite import Context, main
 
@@ -177,6 +177,9 @@ def _batch(server: Server, scale: dict[str, Any]) -> Figure:
 
 def run(context: Context) -> list[Figure]:
     """Every PostgreSQL figure, on one throwaway cluster started for the run."""
+    if binaries() is None:
+        return [unavailable("postgres.command.single", "PostgreSQL durable command (acquire/settle)",
+                            "raw autocommit INSERT, same indexes", None, NEED, missing="no PostgreSQL server")]
     scale = _scale(context)
     with cluster() as server:
         context.say(f"postgres: cluster at {server.directory}")
