@@ -30,9 +30,10 @@ from pathlib import Path
 
 from .measure import Figure, cpu_count, failed, table
 
-MODULES = ("store", "lifecycle", "throughput", "soak")
-# Modules that run for minutes whatever the mode: --quick leaves them out unless --only names them.
-NOT_QUICK = ("soak",)
+MODULES = ("store", "lifecycle", "throughput", "postgres", "soak")
+# Modules that run for minutes whatever the mode (postgres: a cluster's start and a minute of rounds even
+# when quick): --quick leaves them out unless --only names them.
+NOT_QUICK = ("postgres", "soak")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 Benchmark = Callable[["Context"], list[Figure]]

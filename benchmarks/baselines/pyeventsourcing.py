@@ -1,12 +1,14 @@
-"""The ``eventsourcing`` library (PyPI 9.x) on its SQLite persistence module: the Python baseline.
+"""The ``eventsourcing`` library (PyPI 9.x) on its SQLite (or PostgreSQL) persistence module: the Python baseline.
 
 One aggregate per runner; each command is one event saved in its own transaction
 (``app.save(runner)``), the library's own pattern (the aggregate stays in memory between commands).
 Reconstruction is ``app.repository.get(id)`` on a fresh application (a new connection), without
 snapshots. Configured only through its environment: ``PERSISTENCE_MODULE=eventsourcing.sqlite``,
-``SQLITE_DBNAME=<file>``. Optional: install with ``pip install -e '.[bench]'``; `available()` says
-whether it is there (the classes below exist only then; they sit at module level because the
-library finds an aggregate's class again by its import path).
+``SQLITE_DBNAME=<file>``; on PostgreSQL (`postgres_env`) ``PERSISTENCE_MODULE=eventsourcing.postgres``
+and the ``POSTGRES_*`` variables (a unix socket directory is a host). Optional: install with
+``pip install -e '.[bench]'``; `available()` says whether it is there (and `postgres_problem` why its
+PostgreSQL module cannot run); the classes below exist only then; they sit at module level because
+the library finds an aggregate's class again by its import path.
 """
 
 from __future__ import annotations
@@ -20,6 +22,24 @@ from uuid import UUID
 def available() -> bool:
     """Whether the library is installed."""
     return importlib.util.find_spec("eventsourcing") is not None
+
+
+def postgres_problem() -> str | None:
+    """Why its PostgreSQL module cannot run here (it needs psycopg_pool), or None when it can."""
+    if not available():
+        return "eventsourcing is not installed: pip install -e '.[bench]'"
+    try:
+        import eventsourcing.postgres  # noqa: F401
+    except ImportError as exc:
+        return (f"eventsourcing {version()}'s PostgreSQL module cannot be imported ({type(exc).__name__}: {exc}): "
+                "pip install -e '.[bench]' (eventsourcing[postgres])")
+    return None
+
+
+def postgres_env(host: str, schema: str, *, dbname: str = "postgres", user: str = "postgres") -> dict[str, str]:
+    """The environment that puts an application on a PostgreSQL server (`host`: a socket directory too)."""
+    return {"PERSISTENCE_MODULE": "eventsourcing.postgres", "POSTGRES_DBNAME": dbname, "POSTGRES_HOST": host,
+            "POSTGRES_PORT": "5432", "POSTGRES_USER": user, "POSTGRES_PASSWORD": "", "POSTGRES_SCHEMA": schema}
 
 
 def version() -> str:
@@ -55,14 +75,15 @@ if available():
 
 
 class Fleet:
-    """An eventsourcing application on one SQLite file, and the runners it saves."""
+    """An eventsourcing application on one SQLite file (or on a server, given `env`), and the runners it saves."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, env: dict[str, str] | None = None) -> None:
         self.path = path
+        self.env = env if env is not None else {"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": path}
         self.app = self._open()
 
     def _open(self) -> Any:
-        return Runners(env={"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": self.path})
+        return Runners(env=self.env)
 
     def synchronous(self) -> int:
         """The ``PRAGMA synchronous`` its connections run with (2 = FULL, 1 = NORMAL)."""
