@@ -37,57 +37,6 @@ SCHEMA = "bench_rounds"
 STREAM = "runner-proto"
 
 
-def trim(store: EventStore) -> EventStore:
-    """Prototype: `store`'s PostgreSQL backend patched (this instance only) to make a command's round trips
-    three (the lock, one read, the commit) instead of six.
-
-    - Inside a write transaction, `tail` is kept until the transaction inserts, and `head_at` is answered
-      from it, as the SQLite backend does (today a command reads the tail, the head event, then the tail
-      again, each a round trip).
-    - The identity query before each write is skipped while the connection is alive; the lock statement
-      selects the store id instead, in the same round trip (this prototype does not compare it; the
-      backend would, at the lock's sync, at no extra round trip). A broken connection still reconnects
-      through the full check.
-    """
-    backend: Any = store.backend
-    tail, head_at, insert, write, identity = (backend.tail, backend.head_at, backend.insert, backend.write,
-                                              backend.file_identity)
-    kept: list[Any] = [None]
-    schema = backend.schema
-    backend._sql.lock = (f"SELECT h.seq, (SELECT value FROM {schema}.meta WHERE key = 'store_id')"
-                         f" FROM {schema}.head h FOR UPDATE OF h")
-
-    def kept_tail(stream: str) -> Any:
-        if backend._writing and kept[0] is not None and kept[0][0] == stream:
-            return kept[0][1]
-        found = tail(stream)
-        if backend._writing:
-            kept[0] = (stream, found)
-        return found
-
-    def kept_head_at() -> str | None:
-        if backend._writing and kept[0] is not None:
-            return kept[0][1][3]  # type: ignore[no-any-return]
-        return head_at()  # type: ignore[no-any-return]
-
-    def inserted(rows: Any) -> None:
-        kept[0] = None
-        insert(rows)
-
-    def begun(action: str) -> Any:
-        kept[0] = None
-        return write(action)
-
-    def checked_identity() -> Any:
-        if not (backend.conn.closed or backend.conn.broken) and not backend._writing:
-            return backend.identity
-        return identity()
-
-    backend.tail, backend.head_at, backend.insert, backend.write = kept_tail, kept_head_at, inserted, begun
-    backend.file_identity = checked_identity
-    return store
-
-
 class Prototype:
     """Single-event appends to `stream` of the store in `schema`, by raw statements in `trips` round trips."""
 
@@ -246,19 +195,11 @@ def run(context: Context, server: Server, scale: dict[str, Any], fleet: Any = No
         per_command = _statements(server, runner.command, pid, count)
         ours_stream = _OursStream(store, "runner-ours")
         per_append = _statements(server, ours_stream.append, pid, count)
-        note = (f"log_statement=all, {count} calls each; a command: the identity query, BEGIN + lock_timeout + "
-                "the lock (one trip), its reads under the lock (the stream's tail twice and the head event once), "
-                "then INSERT + advance_head + NOTIFY + COMMIT (one trip)")
+        note = (f"log_statement=all, {count} calls each; a command: BEGIN + lock_timeout + the lock, which reads "
+                "the store's identity (one trip), the stream's tail under the lock (one trip, kept for the rest of "
+                "the transaction), then INSERT + advance_head + NOTIFY + COMMIT (one trip)")
         figures.append(compared("postgres.statements.command", "statements per durable command (server log)",
                                 "stmts", per_command, per_append, "per single-event append_unchecked", None, note=note))
-        with trim(EventStore.open(server.url(f"{SCHEMA}_trimmed"))) as trimmed:
-            trimmed_runner = runners.LifecycleRunner(trimmed, "runner-rounds", context.workdir)
-            per_trimmed = _statements(server, trimmed_runner.command, trimmed.backend.conn.info.backend_pid,  # type: ignore[attr-defined]
-                                      count)
-        figures.append(compared("postgres.statements.trimmed", "statements per prototype command (tail kept)",
-                                "stmts", per_trimmed, per_command, "per durable command today", None,
-                                note="the command's reads answered from the tail it read under the lock; the "
-                                     "identity folded into the lock statement"))
         if fleet is not None:
             es_runner, pairs = fleet.new_runner("runner-rounds"), iter(range(10**9))
             per_save = _statements(server, lambda: fleet.acquire_settle(es_runner, next(pairs)), None, count // 2) / 2

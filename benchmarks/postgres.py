@@ -8,7 +8,6 @@ socket, fsync and synchronous_commit on), every subject and its baseline on it, 
 - a durable command (acquire_lease / settle_lease pairs of a `RunnerLifecycle`, one transaction each) vs
   a raw autocommit ``INSERT`` into a table with the same columns and indexes (one round trip, one WAL
   flush: the floor), and vs eventsourcing's PostgreSQL recorder saving one event per save (>= 1.2x);
-  beside them, the same command on a backend patched to keep its tail (`pgrounds.trim`, a prototype);
 - a batch of 1000 events by ``append_unchecked`` vs a binary ``COPY`` of 1000 rows of the same bytes;
 - follow wake-up latency p50 and p99 (`benchmarks.pgfollow`), NOTIFY on and ``notify=off``;
 - 1, 4 and 8 writer processes (`benchmarks.pgwriters`), each with its own store handle, appending single
@@ -34,7 +33,7 @@ from lifecycle_es.events import encode
 from . import history, pgfollow, pgrounds, pgwriters, runners
 from .baselines import pyeventsourcing, raw_postgres
 from .cluster import NEED, Server, binaries, cluster
-from .measure import Figure, Target, alternate, compared, median, number, rate, unavailable
+from .measure import Figure, Target, alternate, compared, median, rate, unavailable
 from .pgrounds import load
 from .suite import Context, main
 
@@ -92,11 +91,9 @@ def _eventsourcing(server: Server) -> tuple[Any, str | None]:
 def _single(context: Context, server: Server, scale: dict[str, Any], fleet: Any, problem: str | None) -> list[Figure]:
     title = "PostgreSQL durable command (acquire/settle)"
     store = EventStore.open(server.url("bench_single"))
-    trimmed = pgrounds.trim(EventStore.open(server.url("bench_trimmed")))
     raw = raw_postgres.RawTable(server.conninfo(), "raw_single")
     try:
         runner = runners.LifecycleRunner(store, "runner-single", context.workdir)
-        prototype = runners.LifecycleRunner(trimmed, "runner-trimmed", context.workdir)
         count, body = scale["commands"], _body()
 
         def raw_round() -> float:
@@ -104,8 +101,7 @@ def _single(context: Context, server: Server, scale: dict[str, Any], fleet: Any,
             return rate(lambda: sum(raw.insert_commit(row) is None for row in rows))
 
         subjects: dict[str, Callable[[], float]] = {
-            "ours": lambda: rate(lambda: runner.commands(count)), "raw": raw_round,
-            "trimmed": lambda: rate(lambda: prototype.commands(count))}
+            "ours": lambda: rate(lambda: runner.commands(count)), "raw": raw_round}
         if fleet is not None:
             es_runner, pairs = fleet.new_runner("runner-single"), itertools.count()
             subjects["eventsourcing"] = lambda: rate(
@@ -113,10 +109,9 @@ def _single(context: Context, server: Server, scale: dict[str, Any], fleet: Any,
         cpu: dict[str, list[float]] = {}
         rates = alternate({name: pgrounds.cpu_per_op(name, subject, count, cpu) for name, subject in subjects.items()},
                           scale["rounds"])
-        audited = trimmed.verify().events
+        audited = store.verify().events
     finally:
         store.close()
-        trimmed.close()
         raw.close()
     shown_cpu = ", ".join(f"{name} {median(values):.0f}" for name, values in cpu.items())
     note = (f"one transaction per command, synchronous_commit=on, no preflight; {scale['rounds']} alternating "
@@ -132,15 +127,8 @@ def _single(context: Context, server: Server, scale: dict[str, Any], fleet: Any,
                                 rates["eventsourcing"], "eventsourcing PostgreSQL save", Target(">=", 1.2),
                                 samples=rates,
                                 note=f"eventsourcing {pyeventsourcing.version()}, PostgresApplicationRecorder, "
-                                     "one event per save, aggregate kept in memory, same server"))
-    trimmed_title = "prototype: durable command in 3 round trips (tail kept, identity in the lock)"
-    base = ("eventsourcing PostgreSQL save", rates["eventsourcing"]) if fleet is not None else (
-        "today's command, same rounds", rates["ours"])
-    figures.append(compared("postgres.command.trimmed", trimmed_title, "cmd/s", rates["trimmed"], base[1],
-                            base[0], Target(">=", 1.2) if fleet is not None else None, samples=rates,
-                            note=f"benchmarks.pgrounds.trim patches the backend instance; today's command "
-                                 f"{number(median(rates['ours']))} cmd/s in the same rounds; verify() passed over "
-                                 f"its {audited:,} events"))
+                                     "one event per save, aggregate kept in memory, same server; verify() passed "
+                                     f"over our {audited:,} events"))
     return figures
 
 

@@ -3,9 +3,10 @@
 A write transaction runs at READ COMMITTED and takes the one-row ``head`` table ``FOR UPDATE`` before
 it reads anything (Commanded's EventStore does the same): writers queue on that row, so commit order is
 seq order and a follower reading ``seq > last`` never meets a gap that a slower writer fills later. The
-statements go in pipeline mode: BEGIN, the lock's timeout and the lock in one round trip, each read the
-command makes in one more, and the rows, ``advance_head`` (which proves they landed), the NOTIFY and
-COMMIT in the last. A connection lost
+statements go in pipeline mode: BEGIN and the lock (which reads the store's identity) in one round trip,
+the stream's tail in one more (kept for the rest of the transaction), and the rows, ``advance_head``
+(which proves they landed), the NOTIFY and COMMIT in the last. The busy timeout is the connection's
+``lock_timeout``, set once when it opens. A connection lost
 while a COMMIT was in flight leaves its outcome unknown (StoreIOError with ``outcome_unknown``), and the
 store fences itself, as on SQLite.
 
@@ -78,6 +79,9 @@ class PostgresBackend(ServerReadModelTables):
         try:
             if not self.read_only:
                 check_settings(conn, durability=self._durability, where=self.path)
+                with translated("open", self.path):
+                    # The busy timeout, once per connection: only a writer's head row lock ever waits.
+                    conn.execute(self._sql.lock_timeout.format(timeout=self._lock_timeout))
                 if self._durability == "normal":
                     with translated("open", self.path):
                         conn.execute("SET synchronous_commit = off")
@@ -457,7 +461,6 @@ class _ServerTransaction:
             self.scope = conn.pipeline()
             self.pipeline = backend._pipeline = self.scope.__enter__()
             conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            conn.execute(backend._sql.lock_timeout.format(timeout=backend._lock_timeout))
             # The tail and every later read come after the lock, each statement with a fresh snapshot: they
             # see every commit made before the lock was had. Had before this returns: the lock is held from
             # the transaction's start, as the contract says, not from its first read.
@@ -533,7 +536,7 @@ class _Statements:
                          f" (SELECT value FROM {s}.meta WHERE key = 'store_id')")
         self.meta = f"SELECT value FROM {s}.meta WHERE key = %s"
         self.set_meta = f"INSERT INTO {s}.meta (key, value) VALUES (%s, %s)"
-        self.lock_timeout = "SET LOCAL lock_timeout = '{timeout}'"
+        self.lock_timeout = "SET lock_timeout = '{timeout}'"
         self.lock = (f"SELECT (SELECT value FROM {s}.meta WHERE key = 'store_id'),"
                      " (SELECT system_identifier FROM pg_control_system()) FROM " + f"{s}.head FOR UPDATE")
         self.head = f"SELECT seq FROM {s}.head"
