@@ -6,7 +6,7 @@ Text keys sort with ``COLLATE "C"`` (byte order), as SQLite sorts them, so both 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -40,9 +40,8 @@ class ServerReadModelTables:
     schema: str
     path: str
 
-    def _live(self) -> None:
-        """Reconnect a lost connection (the backend's own)."""
-        raise NotImplementedError
+    _live: Callable[[], None]
+    """Reconnect a lost connection before a statement (the backend's own method)."""
 
     def _run(self, action: str, query: str, params: Sequence[Any] = ()) -> None:
         self._live()

@@ -20,7 +20,7 @@ from waiting import returns_within, wait_for
 import hosts.child_spawn as spawn_module
 from hosts.child import ChildUnits
 from hosts.proc import EXIT_OUT_OF_MEMORY, SAFE_PATH, UnitStartError, pid_alive, proc_stat
-from hosts.rundir import RunDir, open_run_dir
+from hosts.rundir import RunDir
 from lifecycle_es.errors import InvalidInputError
 from lifecycle_es.events import UnitRecord
 from lifecycle_es.values import GIB, MIB, Resources
@@ -42,30 +42,6 @@ time.sleep(120)
 
 def py(code: str) -> list[str]:
     return [sys.executable, "-c", code]
-
-
-@pytest.fixture
-def run(tmp_path: Path) -> Iterator[RunDir]:
-    with open_run_dir(tmp_path / "runs", "lease-1") as held:
-        yield held
-
-
-@pytest.fixture
-def units() -> Iterator[ChildUnits]:
-    made = ChildUnits(stop_timeout_ms=5_000, poll_ms=10)
-    started: list[UnitRecord] = []
-    original = made.start
-
-    def tracked(*args, **kwargs) -> UnitRecord:
-        handle = original(*args, **kwargs)
-        started.append(handle)
-        return handle
-
-    made.start = tracked  # type: ignore[method-assign]
-    yield made
-    for handle in started:  # leave nothing running whatever a test did
-        made.stop(handle, timeout_ms=0)
-        made.reap(handle, timeout_ms=5_000)
 
 
 def read_report(run: RunDir) -> dict:

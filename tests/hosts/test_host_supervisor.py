@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from waiting import returns_within, wait_for
 
 from hosts.child import ChildUnits, read_end
 from hosts.proc import pid_alive, proc_stat
-from hosts.rundir import RunDir, open_run_dir
+from hosts.rundir import RunDir
 from hosts.supervisor import END_FILE, own_cgroup
 from lifecycle_es.events import UnitRecord
 from lifecycle_es.values import GIB, MIB, Resources
@@ -28,30 +27,6 @@ SLEEPS = "import sys, time\nsys.stdin.read()\nopen('ready', 'w').close()\ntime.s
 
 def py(code: str) -> list[str]:
     return [sys.executable, "-c", code]
-
-
-@pytest.fixture
-def run(tmp_path: Path) -> Iterator[RunDir]:
-    with open_run_dir(tmp_path / "runs", "lease-1") as held:
-        yield held
-
-
-@pytest.fixture
-def units() -> Iterator[ChildUnits]:
-    made = ChildUnits(stop_timeout_ms=5_000, poll_ms=10)
-    started: list[UnitRecord] = []
-    original = made.start
-
-    def tracked(*args, **kwargs) -> UnitRecord:
-        handle = original(*args, **kwargs)
-        started.append(handle)
-        return handle
-
-    made.start = tracked  # type: ignore[method-assign]
-    yield made
-    for handle in started:
-        made.stop(handle, timeout_ms=0)
-        made.reap(handle, timeout_ms=5_000)
 
 
 def unit_of(handle: UnitRecord) -> int:
