@@ -163,6 +163,29 @@ def _batch(server: Server, scale: dict[str, Any]) -> Figure:
                          f"{load()}")
 
 
+def _crowd(context: Context, server: Server, scale: dict[str, Any]) -> list[Figure]:
+    """64 threads of commands on one store (group commit) against a lone command, on the server."""
+    from .throughput import THREADS, _Crowd
+
+    store = EventStore.open(server.url("bench_crowd"))
+    try:
+        crowd = _Crowd(store, context.workdir, THREADS)
+        lone = runners.LifecycleRunner(store, "runner-lone", context.workdir)
+        count = scale["commands"]
+        rates = alternate({"concurrent": lambda: crowd.round(2), "lone": lambda: rate(lambda: lone.commands(count))},
+                          scale["rounds"])
+        mean_batch = crowd.commands / max(1, crowd.batches)
+        latencies = sorted(crowd.latencies)
+    finally:
+        store.close()
+    p99_ms = (latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else 0.0) / 1000
+    note = (f"group commit; {THREADS} threads x 2 commands per round; mean batch {mean_batch:.1f}; command p99 "
+            f"under that load {p99_ms:,.1f} ms; {load()}")
+    return [compared("postgres.concurrent_64", f"{THREADS} concurrent commands on {THREADS} runners, one store",
+                     "cmd/s", rates["concurrent"], rates["lone"], "lone command, same store", Target(">=", 5),
+                     samples=rates, note=note)]
+
+
 def run(context: Context) -> list[Figure]:
     """Every PostgreSQL figure, on one throwaway cluster started for the run."""
     if binaries() is None:
@@ -181,6 +204,8 @@ def run(context: Context) -> list[Figure]:
             figures += pgfollow.run(server, scale)
             context.say("postgres: concurrent writers")
             figures += pgwriters.run(server, scale)
+            context.say("postgres: 64 concurrent commands (group commit)")
+            figures += _crowd(context, server, scale)
             context.say("postgres: statements and round trips per command")
             figures += pgrounds.run(context, server, scale, fleet)
         finally:

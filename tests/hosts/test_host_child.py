@@ -134,12 +134,15 @@ def test_stop_kills_a_setsid_grandchild(run: RunDir, cgroup: bool) -> None:
 
 def test_a_unit_s_leftovers_are_killed_when_it_ends(units: ChildUnits, run: RunDir) -> None:
     # The unit exits at once; its grandchild (orphaned, re-parented to the supervisor) would run on.
-    code = "import subprocess, sys\n" \
+    # It waits for the test's go, so the grandchild is seen alive before the unit ends.
+    code = "import os, subprocess, sys, time\n" \
            "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n" \
-           "open('grandchild.pid', 'w').write(str(g.pid))\n"
+           "open('grandchild.pid', 'w').write(str(g.pid))\n" \
+           "while not os.path.exists('go'): time.sleep(0.01)\n"
     handle = units.start(py(code), run_dir=run.path, token=TOKEN, resources=ROOMY)
     grandchild = grandchild_of(run)
     ticks = proc_stat(grandchild).start_ticks  # type: ignore[union-attr]
+    (run.work / "go").touch()
     try:
         assert wait_for(lambda: units.status(handle) == "stopped")
         assert not pid_alive(grandchild, ticks)  # killed before the end was recorded
