@@ -240,6 +240,15 @@ class PostgresBackend(ServerReadModelTables):
         fails the COMMIT) unless the rows written are the log's last, then the NOTIFY."""
         if not rows:
             return
+        last = rows[-1]
+        channel = f"{CHANNEL_PREFIX}{self.schema}" if self.target.notify else None
+        if len(rows) <= SMALL_APPEND_ROWS and sum(len(row[5]) for row in rows) < CHUNK_BYTES:
+            with translated("append", self.path):
+                self.conn.execute(self._sql.append_rows, (*(list(column) for column in zip(*rows, strict=True)),
+                                                          channel))
+            self._tails = {last[1]: (last[2], last[0], last[7], last[4])}
+            self._pending = last[0]
+            return
         with translated("append", self.path):
             for chunk in _chunks(rows):
                 with self.conn.cursor() as cursor:
@@ -248,7 +257,6 @@ class PostgresBackend(ServerReadModelTables):
                     # A pipeline that sends many megabytes before it reads a result can stall with the
                     # server (both sides' buffers full): a sync each chunk keeps it moving.
                     self._pipeline.sync()
-            last = rows[-1]
             self.conn.execute(self._sql.advance, (rows[0][0], rows[0][6], last[0], last[7], last[4]))
             if self.target.notify:
                 self.conn.execute(self._sql.notify, (str(last[0]),))
@@ -404,6 +412,8 @@ class PostgresBackend(ServerReadModelTables):
 
 
 CHUNK_BYTES = 1 << 20
+# An append of at most this many rows (and under CHUNK_BYTES) goes as one call of append_rows.
+SMALL_APPEND_ROWS = 64
 
 
 def _chunks(rows: Sequence[Row]) -> Iterator[Sequence[Row]]:
@@ -548,6 +558,8 @@ class _Statements:
                      f" h.seq, h.hash, h.at FROM {s}.head h")
         self.insert = f"INSERT INTO {s}.events ({ROW_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
         self.advance = f"SELECT {s}.advance_head(%s, %s, %s, %s, %s)"
+        self.append_rows = (f"SELECT {s}.append_rows(%s::bigint[], %s::text[], %s::bigint[], %s::text[], %s::text[],"
+                            " %s::bytea[], %s::bytea[], %s::bytea[], %s::text)")
         self.notify = f"SELECT pg_notify('{CHANNEL_PREFIX}{s}', %s)"
         self.page_all = f"{page} WHERE seq > %s ORDER BY seq LIMIT %s"
         self.page_stream_seq = f"{page} WHERE stream = %s AND seq > %s ORDER BY version LIMIT %s"

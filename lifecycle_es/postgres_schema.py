@@ -66,6 +66,19 @@ _ADVANCE = (
 )
 
 
+_APPEND = (
+    "BEGIN "
+    "INSERT INTO {s}.events (seq, stream, version, type, at, body, prev, hash) "
+    "SELECT * FROM unnest(seqs, streams, versions, types, ats, bodies, prevs, hashes); "
+    "PERFORM {s}.advance_head(seqs[1], prevs[1], seqs[cardinality(seqs)], hashes[cardinality(seqs)], "
+    "ats[cardinality(seqs)]); "
+    "IF channel IS NOT NULL THEN PERFORM pg_notify(channel, seqs[cardinality(seqs)]::text); END IF; "
+    "END"
+)
+_APPEND_ARGS = ("seqs bigint[], streams text[], versions bigint[], types text[], ats text[], bodies bytea[], "
+                "prevs bytea[], hashes bytea[], channel text")
+
+
 def statements(schema: str) -> list[str]:
     """The statements that make the store's schema, in order (one transaction)."""
     s = schema
@@ -90,6 +103,9 @@ def statements(schema: str) -> list[str]:
         f"CREATE FUNCTION {s}.advance_head(first_seq bigint, first_prev bytea, last_seq bigint, last_hash bytea,"
         " last_at text)"
         f" RETURNS void LANGUAGE plpgsql AS $body${_ADVANCE.format(s=s)}$body$",
+        # One statement for a small append: the rows, the proof that they landed, the NOTIFY.
+        f"CREATE FUNCTION {s}.append_rows({_APPEND_ARGS}) RETURNS void LANGUAGE plpgsql"
+        f" AS $body${_APPEND.format(s=s)}$body$",
     ]
 
 
@@ -126,7 +142,8 @@ _TRIGGERS = {
 def _functions(schema: str) -> set[tuple[str, str, str, bool]]:
     return {("refuse_change", "", _REFUSE, False),
             ("advance_head", "first_seq bigint, first_prev bytea, last_seq bigint, last_hash bytea, last_at text",
-             _ADVANCE.format(s=schema), False)}
+             _ADVANCE.format(s=schema), False),
+            ("append_rows", _APPEND_ARGS, _APPEND.format(s=schema), False)}
 
 
 def writer_grants(schema: str, role: str) -> list[str]:
@@ -143,6 +160,8 @@ def writer_grants(schema: str, role: str) -> list[str]:
         f"GRANT SELECT, INSERT, UPDATE ON {s}.host_leases TO {role}",
         f"GRANT CREATE ON SCHEMA {s} TO {role}",
         f"GRANT EXECUTE ON FUNCTION {s}.advance_head(bigint, bytea, bigint, bytea, text) TO {role}",
+        f"GRANT EXECUTE ON FUNCTION {s}.append_rows(bigint[], text[], bigint[], text[], text[], bytea[], bytea[],"
+        f" bytea[], text) TO {role}",
     ]
 
 
