@@ -16,7 +16,7 @@ IntegrityError at its seq.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -44,6 +44,35 @@ class Savepoint(Protocol):
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool | None:
         """Release it, or roll back to it when the block raised."""
         ...
+
+
+Page = tuple[list[Row], bool]
+"""A page of rows and whether it is full (the next may hold more)."""
+
+
+def paged(page: Callable[[int, int], Page], *, after: int, limit: int | None) -> Iterator[list[Row]]:
+    """`Backend.pages` from one query: `page(after, want)` reads up to `want` rows with seq > `after`, and
+    says whether its page is full; pages follow until one is not, or `limit` rows were read."""
+    while limit is None or limit > 0:
+        rows, full = page(after, PAGE_ROWS if limit is None else min(PAGE_ROWS, limit))
+        if rows:
+            yield rows
+        if not full:
+            return
+        after = rows[-1][0]
+        if limit is not None:
+            limit -= len(rows)
+
+
+def stream_paged(page: Callable[[int], Page], *, after_version: int) -> Iterator[list[Row]]:
+    """`Backend.stream_pages` from one query: `page(after_version)` reads a page of one stream's rows."""
+    while True:
+        rows, full = page(after_version)
+        if rows:
+            yield rows
+        if not full:
+            return
+        after_version = rows[-1][2]
 
 
 class Backend(Protocol):

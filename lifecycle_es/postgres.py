@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import psycopg
 
-from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, HostLeaseRow, Row, Tail
+from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, HostLeaseRow, Row, Tail, paged, stream_paged
 from .backends import ServerTarget
 from .errors import IntegrityError, StoreBehindSealError, StoreFencedError, StoreFormatError, StoreIOError
 from .postgres_errors import translated, translation
@@ -268,29 +268,15 @@ class PostgresBackend(ServerReadModelTables):
     def pages(self, *, after: int, stream: str | None, limit: int | None = None) -> Iterator[list[Row]]:
         """Rows with seq > `after` in seq order (of one stream, at most `limit`), in pages bounded by
         PAGE_ROWS and PAGE_BYTES; a body beyond MAX_EVENT_BYTES is IntegrityError at its seq."""
-        while limit is None or limit > 0:
-            want = PAGE_ROWS if limit is None else min(PAGE_ROWS, limit)
-            if stream is None:
-                rows, full = self._page(self._sql.page_all, (after, want))
-            else:
-                rows, full = self._page(self._sql.page_stream_seq, (stream, after, want))
-            if rows:
-                yield rows
-            if not full:
-                return
-            after = rows[-1][0]
-            if limit is not None:
-                limit -= len(rows)
+        if stream is None:
+            return paged(lambda start, want: self._page(self._sql.page_all, (start, want)), after=after, limit=limit)
+        return paged(lambda start, want: self._page(self._sql.page_stream_seq, (stream, start, want)),
+                     after=after, limit=limit)
 
     def stream_pages(self, stream: str, *, after_version: int) -> Iterator[list[Row]]:
         """One stream's rows with version > `after_version`, in order, in pages (see `pages`)."""
-        while True:
-            rows, full = self._page(self._sql.page_stream, (stream, after_version, PAGE_ROWS))
-            if rows:
-                yield rows
-            if not full:
-                return
-            after_version = rows[-1][2]
+        return stream_paged(lambda start: self._page(self._sql.page_stream, (stream, start, PAGE_ROWS)),
+                            after_version=after_version)
 
     def row_at(self, seq: int) -> Row | None:
         """The row at `seq`, if any (IntegrityError when its body is beyond the bound)."""

@@ -21,7 +21,7 @@ from typing import Any, Literal, cast
 
 import apsw
 
-from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, HostLeaseRow, Row, Tail
+from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, HostLeaseRow, Row, Tail, paged, stream_paged
 from .errors import IntegrityError, StoreFencedError, StoreFormatError, StoreIOError
 from .sqlite_errors import SYNC_FAILURES, translated, translation
 from .sqlite_files import ROW_COLUMNS, check_path, create_file, read_only_fs
@@ -301,32 +301,18 @@ class SqliteBackend(ReadModelTables):
         body is beyond MAX_EVENT_BYTES (or whose text is not UTF-8) ends the page before it, and raises
         IntegrityError at its seq when it comes first: a reader meets the rows before it first.
         """
-        while limit is None or limit > 0:
-            want = PAGE_ROWS if limit is None else min(PAGE_ROWS, limit)
-            if stream is None:
-                rows, full = self._page("read events", "WHERE seq > ? ORDER BY seq LIMIT ?", (after, want))
-            else:
-                # Versions rise with seq inside a stream, so the (stream, version) index gives seq order.
-                rows, full = self._page("read events", "WHERE stream = ? AND seq > ? ORDER BY version LIMIT ?",
-                                        (stream, after, want))
-            if rows:
-                yield rows
-            if not full:
-                return
-            after = rows[-1][0]
-            if limit is not None:
-                limit -= len(rows)
+        if stream is None:
+            return paged(lambda start, want: self._page("read events", "WHERE seq > ? ORDER BY seq LIMIT ?",
+                                                        (start, want)), after=after, limit=limit)
+        # Versions rise with seq inside a stream, so the (stream, version) index gives seq order.
+        return paged(lambda start, want: self._page("read events", "WHERE stream = ? AND seq > ? ORDER BY version"
+                                                    " LIMIT ?", (stream, start, want)), after=after, limit=limit)
 
     def stream_pages(self, stream: str, *, after_version: int) -> Iterator[list[Row]]:
         """One stream's rows with version > `after_version`, in order, in pages (see `pages`)."""
-        while True:
-            rows, full = self._page("read stream", "WHERE stream = ? AND version > ? ORDER BY version LIMIT ?",
-                                    (stream, after_version, PAGE_ROWS))
-            if rows:
-                yield rows
-            if not full:
-                return
-            after_version = rows[-1][2]
+        return stream_paged(lambda start: self._page("read stream", "WHERE stream = ? AND version > ? ORDER BY"
+                                                     " version LIMIT ?", (stream, start, PAGE_ROWS)),
+                            after_version=after_version)
 
     def row_at(self, seq: int) -> Row | None:
         """The row at `seq`, if any (IntegrityError when its body is beyond the bound)."""
