@@ -88,9 +88,11 @@ class Backend(Protocol):
 
     # --- transactions ---------------------------------------------------------------------------------
 
-    def write(self, action: str) -> AbstractContextManager[Any]:
+    def write(self, action: str, streams: Sequence[str] = ()) -> AbstractContextManager[Any]:
         """A transaction that holds the write lock from its first statement to commit (StoreBusyError when
-        the lock is not had in time; StoreIOError with ``outcome_unknown`` when a commit's fate is unknown)."""
+        the lock is not had in time; StoreIOError with ``outcome_unknown`` when a commit's fate is unknown).
+        `streams`: streams whose `tail` it will read, which a server may read with the lock, in the same
+        round trip (a hint: any stream may be read)."""
         ...
 
     def savepoint(self, action: str) -> Savepoint:

@@ -45,11 +45,12 @@ DEFAULT_LINGER_MS = 1.0
 class _Caller:
     """One caller's work, and what became of it."""
 
-    __slots__ = ("action", "error", "lead", "shared", "value", "wake", "work")
+    __slots__ = ("action", "error", "lead", "shared", "stream", "value", "wake", "work")
 
-    def __init__(self, action: str, work: Callable[[WriteTransaction], Any]) -> None:
+    def __init__(self, action: str, work: Callable[[WriteTransaction], Any], stream: str | None) -> None:
         self.action = action
         self.work = work
+        self.stream = stream
         self.value: Any = None
         self.error: BaseException | None = None
         self.shared = False  # the error is the batch's, not this caller's own
@@ -122,14 +123,15 @@ class GroupCommit:
         """How many callers wait for a writer now."""
         return len(self._queue)
 
-    def run(self, action: str, work: Callable[[WriteTransaction], T]) -> T:
-        """`work(tx)` in a transaction shared with the callers of the same moment; its result once durable."""
+    def run(self, action: str, work: Callable[[WriteTransaction], T], stream: str | None = None) -> T:
+        """`work(tx)` in a transaction shared with the callers of the same moment; its result once durable.
+        `stream`: the stream `work` reads and appends to, if it is one (its tail is read with the lock)."""
         if self._writer == threading.get_ident():
             # A write from inside a batch's work: a nested transaction, which the backend refuses as it
             # always has (queueing it would wait for the very batch it is part of).
             with self._store.transaction(action) as tx:
                 return work(tx)
-        caller = _Caller(action, work)
+        caller = _Caller(action, work, stream)
         with self._mutex:
             lead = not self._leading
             if lead:
@@ -179,7 +181,8 @@ class GroupCommit:
         self._writer = threading.get_ident()
         try:
             action = batch[0].action if len(batch) == 1 else f"{batch[0].action} (a batch of {len(batch)})"
-            with store.transaction(action) as tx:
+            streams = [caller.stream for caller in batch if caller.stream is not None]
+            with store.transaction(action, streams=streams) as tx:
                 if len(batch) == 1:
                     batch[0].value = batch[0].work(tx)  # alone: its error rolls back the transaction
                 else:

@@ -180,7 +180,7 @@ class RunnerHandle:
                 write_snapshot(self.store, self.runner_id, folded, recorded[-1].hash)
             return state, recorded, folded
 
-        state, recorded, folded = self.store.commit(action, work)
+        state, recorded, folded = self.store.commit(action, work, stream=self.runner_id)
         self._keep(folded)
         return state, recorded
 

@@ -2,10 +2,11 @@
 
 A write transaction runs at READ COMMITTED and takes the one-row ``head`` table ``FOR UPDATE`` before
 it reads anything (Commanded's EventStore does the same): writers queue on that row, so commit order is
-seq order and a follower reading ``seq > last`` never meets a gap that a slower writer fills later. The
-statements go in pipeline mode: BEGIN and the lock (which reads the store's identity) in one round trip,
-the stream's tail in one more (kept for the rest of the transaction), and the rows, ``advance_head``
-(which proves they landed), the NOTIFY and COMMIT in the last. The busy timeout is the connection's
+seq order and a follower reading ``seq > last`` never meets a gap that a slower writer fills later. A
+command is three round trips: BEGIN, the lock (which reads the store's identity and the head) and the
+versions of the streams it names, in one simple query; the rows, ``advance_head`` (which proves they
+landed) and the NOTIFY in one server function; COMMIT. A plain round trip on a local socket costs the
+client less than pipeline mode's bookkeeping, so none is used. The busy timeout is the connection's
 ``lock_timeout``, set once when it opens. A connection lost
 while a COMMIT was in flight leaves its outcome unknown (StoreIOError with ``outcome_unknown``), and the
 store fences itself, as on SQLite.
@@ -41,6 +42,7 @@ from .postgres_schema import (
     schema_problems,
     store_exists,
 )
+from .values import ID_RE
 
 CHANNEL_PREFIX = "lifecycle_es_"
 
@@ -64,11 +66,12 @@ class PostgresBackend(ServerReadModelTables):
         # The last seq this handle committed, and the one its open transaction appended up to.
         self._acked = 0
         self._pending = 0
-        # Inside a write transaction: each stream's tail as read (or as this transaction's inserts left it),
-        # all sharing one head. Only an insert moves them (every other write leaves events alone), and a
-        # savepoint's rollback drops them; nothing else can, since the head row's lock is held.
-        self._tails: dict[str, Tail] = {}
-        self._pipeline: Any = None
+        # Inside a write transaction: the head as the lock read it (or as this transaction's inserts left it)
+        # and each stream's version as read or written. Only an insert moves them (every other write leaves
+        # events alone), and a savepoint's rollback drops them; nothing else can, since the head row's lock
+        # is held.
+        self._head: tuple[int, bytes | None, str | None] | None = None
+        self._versions: dict[str, int] = {}
         self._listener: psycopg.Connection[Any] | None = None
         self._sql = _Statements(target.schema)
         self.conn = self._open()
@@ -156,9 +159,10 @@ class PostgresBackend(ServerReadModelTables):
 
     # --- transactions -------------------------------------------------------------------------------
 
-    def write(self, action: str) -> _ServerTransaction:
-        """A write transaction that holds the head row from its first round trip to COMMIT."""
-        return _ServerTransaction(self, action)
+    def write(self, action: str, streams: Sequence[str] = ()) -> _ServerTransaction:
+        """A write transaction that holds the head row from its first round trip to COMMIT; that round trip
+        also reads the head and the versions of `streams`, so their tails cost no query of their own."""
+        return _ServerTransaction(self, action, streams)
 
     def savepoint(self, action: str) -> ServerSavepoint:
         """A savepoint inside the open write transaction (see `Backend.savepoint`)."""
@@ -212,8 +216,8 @@ class PostgresBackend(ServerReadModelTables):
 
     def head_at(self) -> str | None:
         """The head's at (None for an empty log); in a write transaction, from a tail it read (no query)."""
-        if self._writing and self._tails:
-            return next(iter(self._tails.values()))[3]
+        if self._writing and self._head is not None:
+            return self._head[2]
         return self.head()[2]
 
     def stream_version(self, stream: str) -> int:
@@ -224,16 +228,34 @@ class PostgresBackend(ServerReadModelTables):
     def tail(self, stream: str) -> Tail:
         """(stream version, head seq, head hash, head at): in a write transaction, read once the head row is
         locked, so no other writer's commit can follow it, and kept until this transaction inserts."""
-        if self._writing:
-            kept = self._tails.get(stream)
-            if kept is not None:
-                return kept
+        head = self._head if self._writing else None
+        if head is not None:
+            version = self._versions.get(stream)
+            if version is None:
+                version = self._versions[stream] = self.stream_version(stream)
+            return (version, *head)
         rows = self._rows("read stream version and head", self._sql.tail, (stream,))
         version, seq, digest, at = rows[0]
         found: Tail = (int(version or 0), int(seq or 0), bytes(digest) if digest is not None else None, at)
         if self._writing:
-            self._tails[stream] = found
+            self._head, self._versions[stream] = found[1:], found[0]
         return found
+
+    def _moved(self, rows: Sequence[Row]) -> None:
+        """Inside a write transaction: `rows` were inserted, so the head is the last of them and each stream
+        written is at its last row's version (advance_head fails the commit, or the savepoint, if the rows
+        did not land, and either drops what is kept here)."""
+        versions = self._versions
+        for row in rows:
+            versions[row[1]] = row[2]
+        last = rows[-1]
+        self._head = (last[0], last[7], last[4])
+        self._pending = last[0]
+
+    def _forget(self) -> None:
+        """Drop the head and versions kept for a write transaction (it ended, or a savepoint rolled back)."""
+        self._head = None
+        self._versions = {}
 
     def insert(self, rows: Sequence[Row]) -> None:
         """Insert event rows (inside a write transaction) and queue ``advance_head``, which raises (and so
@@ -242,28 +264,27 @@ class PostgresBackend(ServerReadModelTables):
             return
         last = rows[-1]
         channel = f"{CHANNEL_PREFIX}{self.schema}" if self.target.notify else None
+        if len(rows) == 1:
+            with translated("append", self.path):
+                self.conn.execute(self._sql.append_one, (*last, channel))
+            self._moved(rows)
+            return
         if len(rows) <= SMALL_APPEND_ROWS and sum(len(row[5]) for row in rows) < CHUNK_BYTES:
             with translated("append", self.path):
                 self.conn.execute(self._sql.append_rows, (*(list(column) for column in zip(*rows, strict=True)),
                                                           channel))
-            self._tails = {last[1]: (last[2], last[0], last[7], last[4])}
-            self._pending = last[0]
+            self._moved(rows)
             return
         with translated("append", self.path):
             for chunk in _chunks(rows):
+                # executemany pipelines a chunk's INSERTs; a chunk at a time, so that megabytes of rows are
+                # never all in flight at once.
                 with self.conn.cursor() as cursor:
                     cursor.executemany(self._sql.insert, chunk)
-                if chunk is not rows and self._pipeline is not None:
-                    # A pipeline that sends many megabytes before it reads a result can stall with the
-                    # server (both sides' buffers full): a sync each chunk keeps it moving.
-                    self._pipeline.sync()
             self.conn.execute(self._sql.advance, (rows[0][0], rows[0][6], last[0], last[7], last[4]))
             if self.target.notify:
                 self.conn.execute(self._sql.notify, (str(last[0]),))
-        # The log's new head; the stream written is at its last row's version. advance_head fails the commit
-        # (or the savepoint) if the rows did not land, and either drops what is kept here.
-        self._tails = {last[1]: (last[2], last[0], last[7], last[4])}
-        self._pending = last[0]
+        self._moved(rows)
 
     def pages(self, *, after: int, stream: str | None, limit: int | None = None) -> Iterator[list[Row]]:
         """Rows with seq > `after` in seq order (of one stream, at most `limit`), in pages bounded by
@@ -386,7 +407,9 @@ class PostgresBackend(ServerReadModelTables):
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run one raw statement, as `SqliteBackend.execute`: for tests and tools that reach under the store.
-        Not part of `Backend`: nothing in the packages uses it."""
+        Not part of `Backend`: nothing in the packages uses it. It may move the log under a write transaction,
+        so the head and versions that transaction kept are read again when next asked."""
+        self._forget()
         with translated("execute", self.path):
             cursor = self.conn.execute(sql, params)
             return cursor.fetchall() if cursor.description else []
@@ -425,16 +448,15 @@ def _sleep(timeout: float, stop: threading.Event | None) -> None:
 
 
 class _ServerTransaction:
-    """`PostgresBackend.write`: the head row locked in the first round trip, COMMIT (or ROLLBACK) at the end,
-    every statement between in pipeline mode."""
+    """`PostgresBackend.write`: the head row locked in the first round trip, which also reads the head and
+    the versions of the streams named; COMMIT (or ROLLBACK) at the end."""
 
-    __slots__ = ("action", "backend", "pipeline", "scope")
+    __slots__ = ("action", "backend", "streams")
 
-    def __init__(self, backend: PostgresBackend, action: str) -> None:
+    def __init__(self, backend: PostgresBackend, action: str, streams: Sequence[str]) -> None:
         self.backend = backend
         self.action = action
-        self.scope: Any = None
-        self.pipeline: Any = None
+        self.streams = streams
 
     def __enter__(self) -> psycopg.Connection[Any]:
         backend = self.backend
@@ -453,14 +475,17 @@ class _ServerTransaction:
         backend = self.backend
         conn = backend.conn
         backend._pending = 0
+        # Only ids go into the query's text: their characters need no quoting (any other stream is read when
+        # asked, by a statement with parameters).
+        streams = [stream for stream in self.streams if type(stream) is str and ID_RE.fullmatch(stream)]
         try:
-            self.scope = conn.pipeline()
-            self.pipeline = backend._pipeline = self.scope.__enter__()
-            conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            # The tail and every later read come after the lock, each statement with a fresh snapshot: they
-            # see every commit made before the lock was had. Had before this returns: the lock is held from
-            # the transaction's start, as the contract says, not from its first read.
-            locked = conn.execute(backend._sql.lock).fetchone()
+            # BEGIN, the lock and the streams' versions in one simple query: one round trip. The versions, and
+            # every later read, come after the lock, each statement with a fresh snapshot: they see every commit
+            # made before the lock was had. Had before this returns: the lock is held from the transaction's
+            # start, as the contract says, not from its first read.
+            cursor = conn.execute(backend._sql.begin_lock.format(",".join(f"'{stream}'" for stream in streams)))
+            cursor.nextset()
+            locked = cursor.fetchone()
         except psycopg.Error as exc:
             self._abandon()
             if isinstance(exc, psycopg.errors.UndefinedTable):
@@ -468,23 +493,21 @@ class _ServerTransaction:
             raise translation(self.action, exc, backend.path) from exc
         # The store's identity, read under the lock: the storage replaced underneath fences this handle here,
         # without a round trip of its own (`checks_identity_in_write`).
-        if locked is None or locked[0] is None or (
-                int(locked[1]), int.from_bytes(bytes(locked[0])[:8], "big")) != backend.identity:
+        # The cluster's system identifier is the connection's: read when it opened (a reconnect reads it again).
+        if locked is None or locked[0] is None or int.from_bytes(bytes(locked[0])[:8], "big") != backend.identity[1]:
             self._abandon()
             raise StoreFencedError(f"the store in {backend.path} is not the one this handle opened (replaced "
                                    "underneath, or another cluster answers at its address)")
-        backend._tails = {}
+        # The head as the locked row holds it: each write is checked against the last event by advance_head,
+        # so a head row edited by hand fails there.
+        backend._head = (int(locked[1]), bytes(locked[2]) if locked[2] is not None else None, locked[3])
+        backend._versions = {stream: int(version or 0) for stream, version in zip(streams, locked[4], strict=True)}
         backend._writing = True
         return conn
 
     def _abandon(self) -> None:
-        """Leave pipeline mode and roll back after an error (the connection may be gone)."""
+        """Roll back after an error (the connection may be gone)."""
         conn = self.backend.conn
-        self.backend._pipeline = None
-        scope, self.scope = self.scope, None
-        with contextlib.suppress(psycopg.Error):
-            if scope is not None:
-                scope.__exit__(None, None, None)
         with contextlib.suppress(psycopg.Error):
             if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.execute("ROLLBACK")
@@ -493,7 +516,7 @@ class _ServerTransaction:
                  tb: object) -> Literal[False]:
         backend = self.backend
         backend._writing = False
-        backend._tails = {}
+        backend._forget()
         conn = backend.conn
         if exc is not None:
             self._abandon()
@@ -502,19 +525,12 @@ class _ServerTransaction:
             return False
         try:
             conn.execute("COMMIT")
-            self.pipeline.sync()
         except psycopg.Error as error:
             lost = conn.broken or conn.closed or error.sqlstate is None
             self._abandon()
             if lost:
                 raise StoreIOError(f"{self.action}: the connection to {backend.path} failed during COMMIT "
                                    f"({error}): whether it committed is unknown", outcome_unknown=True) from error
-            raise translation(self.action, error, backend.path) from error
-        scope, self.scope = self.scope, None
-        backend._pipeline = None
-        try:
-            scope.__exit__(None, None, None)
-        except psycopg.Error as error:
             raise translation(self.action, error, backend.path) from error
         if backend._pending:
             backend._acked = backend._pending
@@ -533,8 +549,8 @@ class _Statements:
         self.meta = f"SELECT value FROM {s}.meta WHERE key = %s"
         self.set_meta = f"INSERT INTO {s}.meta (key, value) VALUES (%s, %s)"
         self.lock_timeout = "SET lock_timeout = '{timeout}'"
-        self.lock = (f"SELECT (SELECT value FROM {s}.meta WHERE key = 'store_id'),"
-                     " (SELECT system_identifier FROM pg_control_system()) FROM " + f"{s}.head FOR UPDATE")
+        # BEGIN and lock_head in one simple query; the streams' names go in as an array literal.
+        self.begin_lock = f"BEGIN ISOLATION LEVEL READ COMMITTED; SELECT * FROM {s}.lock_head(ARRAY[{{}}]::text[])"
         self.head = f"SELECT seq FROM {s}.head"
         self.last = f"SELECT seq, hash, at FROM {s}.events ORDER BY seq DESC LIMIT 1"
         self.stream_version = f"SELECT version FROM {s}.events WHERE stream = %s ORDER BY version DESC LIMIT 1"
@@ -546,6 +562,7 @@ class _Statements:
         self.advance = f"SELECT {s}.advance_head(%s, %s, %s, %s, %s)"
         self.append_rows = (f"SELECT {s}.append_rows(%s::bigint[], %s::text[], %s::bigint[], %s::text[], %s::text[],"
                             " %s::bytea[], %s::bytea[], %s::bytea[], %s::text)")
+        self.append_one = f"SELECT {s}.append_one(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
         self.notify = f"SELECT pg_notify('{CHANNEL_PREFIX}{s}', %s)"
         self.page_all = f"{page} WHERE seq > %s ORDER BY seq LIMIT %s"
         self.page_stream_seq = f"{page} WHERE stream = %s AND seq > %s ORDER BY version LIMIT %s"

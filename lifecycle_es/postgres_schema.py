@@ -77,6 +77,31 @@ _APPEND = (
 )
 _APPEND_ARGS = ("seqs bigint[], streams text[], versions bigint[], types text[], ats text[], bodies bytea[], "
                 "prevs bytea[], hashes bytea[], channel text")
+# The one-event append (most commands): scalars, which a client sends for a fraction of what arrays cost it.
+_APPEND_ONE = (
+    "BEGIN "
+    "INSERT INTO {s}.events (seq, stream, version, type, at, body, prev, hash) "
+    "VALUES (a_seq, a_stream, a_version, a_type, a_at, a_body, a_prev, a_hash); "
+    "PERFORM {s}.advance_head(a_seq, a_prev, a_seq, a_hash, a_at); "
+    "IF channel IS NOT NULL THEN PERFORM pg_notify(channel, a_seq::text); END IF; "
+    "END"
+)
+# A writer's first statement: the head row locked, then read with the store's id and the versions of the
+# streams named, in the order named (NULL for a stream without events). A function, so that its queries'
+# plans are kept by the session, and volatile, so that each query after the lock takes a snapshot of its own
+# and sees every commit made before the lock was had.
+_LOCK_HEAD = (
+    "BEGIN "
+    "PERFORM 1 FROM {s}.head FOR UPDATE; "
+    "RETURN QUERY SELECT (SELECT m.value FROM {s}.meta m WHERE m.key = 'store_id'), h.seq, h.hash, h.at, "
+    "ARRAY(SELECT (SELECT e.version FROM {s}.events e WHERE e.stream = n.name ORDER BY e.version DESC LIMIT 1) "
+    "FROM unnest(names) WITH ORDINALITY AS n(name, position) ORDER BY n.position) FROM {s}.head h; "
+    "END"
+)
+_LOCK_HEAD_ARGS = "names text[]"
+_LOCK_HEAD_RESULT = "TABLE(o_store_id bytea, o_seq bigint, o_hash bytea, o_at text, o_versions bigint[])"
+_APPEND_ONE_ARGS = ("a_seq bigint, a_stream text, a_version bigint, a_type text, a_at text, a_body bytea, "
+                    "a_prev bytea, a_hash bytea, channel text")
 
 
 def statements(schema: str) -> list[str]:
@@ -106,6 +131,10 @@ def statements(schema: str) -> list[str]:
         # One statement for a small append: the rows, the proof that they landed, the NOTIFY.
         f"CREATE FUNCTION {s}.append_rows({_APPEND_ARGS}) RETURNS void LANGUAGE plpgsql"
         f" AS $body${_APPEND.format(s=s)}$body$",
+        f"CREATE FUNCTION {s}.append_one({_APPEND_ONE_ARGS}) RETURNS void LANGUAGE plpgsql"
+        f" AS $body${_APPEND_ONE.format(s=s)}$body$",
+        f"CREATE FUNCTION {s}.lock_head({_LOCK_HEAD_ARGS}) RETURNS {_LOCK_HEAD_RESULT} LANGUAGE plpgsql"
+        f" AS $body${_LOCK_HEAD.format(s=s)}$body$",
     ]
 
 
@@ -143,7 +172,9 @@ def _functions(schema: str) -> set[tuple[str, str, str, bool]]:
     return {("refuse_change", "", _REFUSE, False),
             ("advance_head", "first_seq bigint, first_prev bytea, last_seq bigint, last_hash bytea, last_at text",
              _ADVANCE.format(s=schema), False),
-            ("append_rows", _APPEND_ARGS, _APPEND.format(s=schema), False)}
+            ("append_rows", _APPEND_ARGS, _APPEND.format(s=schema), False),
+            ("append_one", _APPEND_ONE_ARGS, _APPEND_ONE.format(s=schema), False),
+            ("lock_head", _LOCK_HEAD_ARGS, _LOCK_HEAD.format(s=schema), False)}
 
 
 def writer_grants(schema: str, role: str) -> list[str]:
@@ -162,6 +193,9 @@ def writer_grants(schema: str, role: str) -> list[str]:
         f"GRANT EXECUTE ON FUNCTION {s}.advance_head(bigint, bytea, bigint, bytea, text) TO {role}",
         f"GRANT EXECUTE ON FUNCTION {s}.append_rows(bigint[], text[], bigint[], text[], text[], bytea[], bytea[],"
         f" bytea[], text) TO {role}",
+        f"GRANT EXECUTE ON FUNCTION {s}.append_one(bigint, text, bigint, text, text, bytea, bytea, bytea, text)"
+        f" TO {role}",
+        f"GRANT EXECUTE ON FUNCTION {s}.lock_head(text[]) TO {role}",
     ]
 
 

@@ -156,8 +156,9 @@ class SqliteBackend(ReadModelTables):
 
     # --- transactions -------------------------------------------------------------------------------
 
-    def write(self, action: str) -> _SqliteTransaction:
-        """A write transaction that begins IMMEDIATE (the lock is had before anything is read)."""
+    def write(self, action: str, streams: Sequence[str] = ()) -> _SqliteTransaction:
+        """A write transaction that begins IMMEDIATE (the lock is had before anything is read); `streams` is
+        a hint a local file has no use for (a read costs no round trip)."""
         return _SqliteTransaction(self, action)
 
     def savepoint(self, action: str) -> SqliteSavepoint:

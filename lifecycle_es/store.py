@@ -231,28 +231,32 @@ class EventStore:
         """The fence's cause, or None."""
         return self._fence
 
-    def transaction(self, action: str = "write") -> WriteTransaction:
-        """A write transaction of its own: read the head and streams under the lock, then append. All or nothing."""
-        return WriteTransaction(self, action)
+    def transaction(self, action: str = "write", *, streams: Sequence[str] = ()) -> WriteTransaction:
+        """A write transaction of its own: read the head and streams under the lock, then append. All or nothing.
 
-    def commit(self, action: str, work: Callable[[WriteTransaction], T]) -> T:
+        `streams`: the streams it will read the tails of, which a server backend reads with the lock, in
+        one round trip (a hint: any stream may be read)."""
+        return WriteTransaction(self, action, streams)
+
+    def commit(self, action: str, work: Callable[[WriteTransaction], T], *, stream: str | None = None) -> T:
         """Run `work(tx)` in a write transaction shared with the writes other threads make at the same time
         (group commit, see ``group_commit.py``), and return what it returned once that commit is durable.
 
         `work` decides against the log as the writes before it in the batch left it; when it raises, its
         writes are rolled back alone and its exception is raised here, the others committing. When the
         commit fails, every caller whose work succeeded gets that error (with ``outcome_unknown``, the
-        store is fenced). Alone, it costs what a `transaction` costs.
+        store is fenced). Alone, it costs what a `transaction` costs. `stream`: the stream `work` appends
+        to, if one (see `transaction`'s `streams`).
         """
-        return self._group.run(action, work)
+        return self._group.run(action, work, stream)
 
-    def _write(self, action: str) -> Any:
+    def _write(self, action: str, streams: Sequence[str] = ()) -> Any:
         if self._fence is not None:
             raise StoreFencedError(self._fence)
         if self._backend.read_only:
             raise StoreIOError(f"{action}: the store {self.path!r} was opened read-only")
         if getattr(self._backend, "checks_identity_in_write", False):
-            return _Fencing(self, self._backend.write(action))
+            return _Fencing(self, self._backend.write(action, streams))
         try:
             identity = self._backend.file_identity()
         except StoreFencedError as exc:
@@ -261,7 +265,7 @@ class EventStore:
         if identity != self._backend.identity:
             self.fence(f"store file {self.path!r} was replaced underneath this connection")
             raise StoreFencedError(self._fence)  # type: ignore[arg-type]
-        return self._backend.write(action)
+        return self._backend.write(action, streams)
 
     def append(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
                at: str | None = None) -> list[RecordedEvent]:
@@ -276,7 +280,8 @@ class EventStore:
         the store's clock, or the head's ``at`` when the clock is behind it); one earlier than the head's
         raises InvalidInputError. A body beyond MAX_EVENT_BYTES raises InvalidInputError("events").
         """
-        return self.commit("append", lambda tx: tx.append(stream, events, expected_version=expected_version, at=at))
+        return self.commit("append", lambda tx: tx.append(stream, events, expected_version=expected_version, at=at),
+                           stream=stream if isinstance(stream, str) else None)
 
     def append_unchecked(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
                          at: str | None = None) -> list[RecordedEvent]:
@@ -287,7 +292,8 @@ class EventStore:
         written, which its audit then reports; a host or an importer uses `append`.
         """
         return self.commit("append", lambda tx: tx.append_unchecked(stream, events, expected_version=expected_version,
-                                                                   at=at))
+                                                                   at=at),
+                           stream=stream if isinstance(stream, str) else None)
 
     def _append(self, stream: str, events: Sequence[Event], expected_version: int | None,
                 at: str | None, *, checked: bool) -> list[RecordedEvent]:
@@ -583,16 +589,17 @@ class WriteTransaction:
     """The write side's unit of work, from `EventStore.transaction`: decisions read state under the lock
     (`stream_version`, `read_stream`, `head_at`), then append, all committed together or not at all."""
 
-    def __init__(self, store: EventStore, action: str) -> None:
+    def __init__(self, store: EventStore, action: str, streams: Sequence[str] = ()) -> None:
         self._store = store
         self._action = action
+        self._streams = streams
         self._context: Any = None
 
     def __enter__(self) -> WriteTransaction:
         lock = self._store._lock
         lock.acquire()
         try:
-            self._context = self._store._write(self._action)
+            self._context = self._store._write(self._action, self._streams)
             self._context.__enter__()
         except BaseException:
             lock.release()

@@ -11,7 +11,7 @@ import contextlib
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -535,8 +535,8 @@ class TestPostgresBackend(BackendContract):
 class _DyingAtCommit(PostgresBackend):
     """A backend whose write transactions lose their connection just before COMMIT."""
 
-    def write(self, action: str) -> _ServerTransaction:
-        return _DyingTransaction(self, action)
+    def write(self, action: str, streams: Sequence[str] = ()) -> _ServerTransaction:
+        return _DyingTransaction(self, action, streams)
 
 
 class _DyingTransaction(_ServerTransaction):
@@ -545,7 +545,6 @@ class _DyingTransaction(_ServerTransaction):
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> Literal[False]:
         if exc is None:
             conn = self.backend.conn
-            self.pipeline.sync()
             pid = conn.info.backend_pid
             with psycopg.connect(conn.info.dsn, autocommit=True) as killer:
                 killer.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
