@@ -29,10 +29,17 @@ import psycopg
 
 from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, HostLeaseRow, Row, Tail, paged, stream_paged
 from .backends import ServerTarget
-from .errors import IntegrityError, StoreBehindSealError, StoreFencedError, StoreFormatError, StoreIOError
+from .errors import (
+    IntegrityError,
+    StoreBehindSealError,
+    StoreError,
+    StoreFencedError,
+    StoreFormatError,
+    StoreIOError,
+)
 from .postgres_errors import translated, translation
 from .postgres_read_models import ServerReadModelTables
-from .postgres_savepoint import ServerSavepoint
+from .postgres_savepoint import ServerSavepoint, send_deferred
 from .postgres_schema import (
     ROW_COLUMNS,
     check_format,
@@ -72,6 +79,11 @@ class PostgresBackend(ServerReadModelTables):
         # is held.
         self._head: tuple[int, bytes | None, str | None] | None = None
         self._versions: dict[str, int] = {}
+        # A group commit's batch: rows of its commands that ended well, not sent yet, the command block open
+        # now (whose own rows it keeps), and whether sending them failed (see `postgres_savepoint`).
+        self._batch: list[Row] = []
+        self._block: ServerSavepoint | None = None
+        self._failed = False
         self._listener: psycopg.Connection[Any] | None = None
         self._sql = _Statements(target.schema)
         self.conn = self._open()
@@ -187,8 +199,12 @@ class PostgresBackend(ServerReadModelTables):
     # --- queries ------------------------------------------------------------------------------------
 
     def _live(self) -> None:
-        """Reconnect a lost connection before a statement outside a transaction (see `file_identity`)."""
-        if (self.conn.closed or self.conn.broken) and not self._writing:
+        """Before a statement: reconnect a lost connection outside a transaction (see `file_identity`); inside
+        one, send the rows a batch deferred first, so that the statement sees them."""
+        if self._writing:
+            if self._batch or (self._block is not None and not self._block.opened):
+                send_deferred(self)
+        elif self.conn.closed or self.conn.broken:
             self.file_identity()
 
     def _rows(self, action: str, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -206,6 +222,7 @@ class PostgresBackend(ServerReadModelTables):
         self._rows_none("write meta", self._sql.set_meta, (key, value))
 
     def _rows_none(self, action: str, query: str, params: Sequence[Any] = ()) -> None:
+        self._live()
         with translated(action, self.path):
             self.conn.execute(query, params)
 
@@ -258,22 +275,32 @@ class PostgresBackend(ServerReadModelTables):
         self._versions = {}
 
     def insert(self, rows: Sequence[Row]) -> None:
-        """Insert event rows (inside a write transaction) and queue ``advance_head``, which raises (and so
-        fails the COMMIT) unless the rows written are the log's last, then the NOTIFY."""
+        """Insert event rows (inside a write transaction) with ``advance_head``, which raises (and so fails
+        the COMMIT) unless the rows written are the log's last, and the NOTIFY. A command of a group commit's
+        batch keeps its rows, sent with the batch's (see `postgres_savepoint`)."""
         if not rows:
             return
+        block = self._block
+        if block is not None and not block.opened:
+            block.rows.extend(rows)
+        else:
+            self._live()
+            self.send(rows)
+        self._moved(rows)
+
+    def send(self, rows: Sequence[Row]) -> None:
+        """Send `insert`'s rows now: one call of ``append_one`` or ``append_rows``, or chunks of INSERTs then
+        ``advance_head`` and the NOTIFY for a large batch."""
         last = rows[-1]
         channel = f"{CHANNEL_PREFIX}{self.schema}" if self.target.notify else None
         if len(rows) == 1:
             with translated("append", self.path):
                 self.conn.execute(self._sql.append_one, (*last, channel))
-            self._moved(rows)
             return
         if len(rows) <= SMALL_APPEND_ROWS and sum(len(row[5]) for row in rows) < CHUNK_BYTES:
             with translated("append", self.path):
                 self.conn.execute(self._sql.append_rows, (*(list(column) for column in zip(*rows, strict=True)),
                                                           channel))
-            self._moved(rows)
             return
         with translated("append", self.path):
             for chunk in _chunks(rows):
@@ -284,7 +311,6 @@ class PostgresBackend(ServerReadModelTables):
             self.conn.execute(self._sql.advance, (rows[0][0], rows[0][6], last[0], last[7], last[4]))
             if self.target.notify:
                 self.conn.execute(self._sql.notify, (str(last[0]),))
-        self._moved(rows)
 
     def pages(self, *, after: int, stream: str | None, limit: int | None = None) -> Iterator[list[Row]]:
         """Rows with seq > `after` in seq order (of one stream, at most `limit`), in pages bounded by
@@ -409,6 +435,7 @@ class PostgresBackend(ServerReadModelTables):
         """Run one raw statement, as `SqliteBackend.execute`: for tests and tools that reach under the store.
         Not part of `Backend`: nothing in the packages uses it. It may move the log under a write transaction,
         so the head and versions that transaction kept are read again when next asked."""
+        self._live()
         self._forget()
         with translated("execute", self.path):
             cursor = self.conn.execute(sql, params)
@@ -460,6 +487,9 @@ class _ServerTransaction:
 
     def __enter__(self) -> psycopg.Connection[Any]:
         backend = self.backend
+        if backend._writing:
+            # The server would only warn, and this transaction's COMMIT would end the open one early.
+            raise StoreError(f"{self.action}: cannot start a transaction within a transaction")
         if backend.conn.closed or backend.conn.broken:
             backend.file_identity()  # reconnects, fencing on another store or a head behind what was acked
         try:
@@ -502,6 +532,7 @@ class _ServerTransaction:
         # so a head row edited by hand fails there.
         backend._head = (int(locked[1]), bytes(locked[2]) if locked[2] is not None else None, locked[3])
         backend._versions = {stream: int(version or 0) for stream, version in zip(streams, locked[4], strict=True)}
+        backend._batch, backend._block, backend._failed = [], None, False
         backend._writing = True
         return conn
 
@@ -518,11 +549,18 @@ class _ServerTransaction:
         backend._writing = False
         backend._forget()
         conn = backend.conn
+        batch, backend._batch, backend._block = backend._batch, [], None
         if exc is not None:
             self._abandon()
             if isinstance(exc, psycopg.Error):
                 raise translation(self.action, exc, backend.path) from exc
             return False
+        if batch:
+            try:
+                backend.send(batch)
+            except BaseException:
+                self._abandon()
+                raise
         try:
             conn.execute("COMMIT")
         except psycopg.Error as error:

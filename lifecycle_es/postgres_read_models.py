@@ -41,7 +41,7 @@ class ServerReadModelTables:
     path: str
 
     _live: Callable[[], None]
-    """Reconnect a lost connection before a statement (the backend's own method)."""
+    """Before a statement: reconnect a lost connection, or send what a batch deferred (the backend's own method)."""
 
     def _run(self, action: str, query: str, params: Sequence[Any] = ()) -> None:
         self._live()
@@ -105,6 +105,7 @@ class ServerReadModelTables:
     def _many(self, action: str, query: str, rows: Sequence[Sequence[Any]]) -> None:
         if not rows:
             return
+        self._live()
         with translated(action, self.path), self.conn.cursor() as cursor:
             cursor.executemany(query.format(s=self.schema), rows)
 
