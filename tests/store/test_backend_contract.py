@@ -227,6 +227,40 @@ class BackendContract:
         with backend.write("append"):
             assert backend.tail("a") == (2, 2, kept[0][7], kept[0][4])
 
+    def test_a_block_that_only_appended_then_raised_is_undone_alone(self) -> None:
+        # No statement of its own: a server backend may have kept its rows back; either way they are gone, the
+        # head and versions it moved are put back, and the next block appends the same seqs.
+        backend, log = self.connect(), LogRows()
+        commit(backend, log.next("a"))
+        kept = log.next("a")
+        with backend.write("batch", ["a", "b"]):
+            with backend.savepoint("kept"):
+                backend.insert(kept)
+            rewind = (log.seq, log.versions.copy(), log.prev)
+            with pytest.raises(RuntimeError, match="refused"), backend.savepoint("refused") as savepoint:
+                backend.insert(log.next("b", "a"))
+                raise RuntimeError("refused")
+            assert savepoint.lost is False
+            assert backend.tail("a") == (2, 2, kept[0][7], kept[0][4]) and backend.tail("b")[0] == 0
+            log.seq, log.versions, log.prev = rewind
+            after = log.next("b")
+            with backend.savepoint("after"):
+                backend.insert(after)
+            assert backend.tail("b") == (1, 3, after[0][7], after[0][4])
+        assert flat(backend.pages(after=0, stream=None))[1:] == kept + after
+
+    def test_rows_the_storage_drops_fail_their_batch_and_nothing_commits(self) -> None:
+        backend, log = self.connect(), LogRows()
+        first = log.next("a")
+        commit(backend, first)
+        self.drop_inserts()
+        with pytest.raises(StoreFormatError), backend.write("batch", ["a", "b"]):
+            with backend.savepoint("one"):
+                backend.insert(log.next("a"))
+            with backend.savepoint("two"):
+                backend.insert(log.next("b"))
+        assert backend.head() == (1, first[0][7], first[0][4]) and backend.streams() == ["a"]
+
     def test_row_at_streams_and_seq_bounds(self) -> None:
         backend, log = self.connect(), LogRows()
         rows = log.next("c", "a", "b", "a")
