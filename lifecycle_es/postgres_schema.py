@@ -3,8 +3,8 @@ server settings a writer needs, and the exact check that the schema is still wha
 
 The store lives in one schema (default ``lifecycle_es``): ``meta``, ``events`` (the same columns as the
 SQLite file's, ``seq bigint`` primary key, ``UNIQUE (stream, version)``), ``head`` (one row: the last
-event's seq, hash and at, which every writer locks ``FOR UPDATE`` before it reads anything, so commit
-order is seq order), ``snapshots``, and the read models' tables. Row triggers refuse UPDATE and DELETE
+event's seq, hash and at, whose table every writer locks before it reads anything, so commit order is
+seq order), ``snapshots``, and the read models' tables. Row triggers refuse UPDATE and DELETE
 on ``events``, a statement trigger refuses TRUNCATE (row triggers never see one), and ``advance_head``
 proves inside the transaction that the rows an append wrote are the log's last (a rule or trigger that
 dropped them makes it raise, so the commit never happens).
@@ -86,20 +86,6 @@ _APPEND_ONE = (
     "IF channel IS NOT NULL THEN PERFORM pg_notify(channel, a_seq::text); END IF; "
     "END"
 )
-# A writer's first statement: the head row locked, then read with the store's id and the versions of the
-# streams named, in the order named (NULL for a stream without events). A function, so that its queries'
-# plans are kept by the session, and volatile, so that each query after the lock takes a snapshot of its own
-# and sees every commit made before the lock was had.
-_LOCK_HEAD = (
-    "BEGIN "
-    "PERFORM 1 FROM {s}.head FOR UPDATE; "
-    "RETURN QUERY SELECT (SELECT m.value FROM {s}.meta m WHERE m.key = 'store_id'), h.seq, h.hash, h.at, "
-    "ARRAY(SELECT (SELECT e.version FROM {s}.events e WHERE e.stream = n.name ORDER BY e.version DESC LIMIT 1) "
-    "FROM unnest(names) WITH ORDINALITY AS n(name, position) ORDER BY n.position) FROM {s}.head h; "
-    "END"
-)
-_LOCK_HEAD_ARGS = "names text[]"
-_LOCK_HEAD_RESULT = "TABLE(o_store_id bytea, o_seq bigint, o_hash bytea, o_at text, o_versions bigint[])"
 _APPEND_ONE_ARGS = ("a_seq bigint, a_stream text, a_version bigint, a_type text, a_at text, a_body bytea, "
                     "a_prev bytea, a_hash bytea, channel text")
 
@@ -133,8 +119,6 @@ def statements(schema: str) -> list[str]:
         f" AS $body${_APPEND.format(s=s)}$body$",
         f"CREATE FUNCTION {s}.append_one({_APPEND_ONE_ARGS}) RETURNS void LANGUAGE plpgsql"
         f" AS $body${_APPEND_ONE.format(s=s)}$body$",
-        f"CREATE FUNCTION {s}.lock_head({_LOCK_HEAD_ARGS}) RETURNS {_LOCK_HEAD_RESULT} LANGUAGE plpgsql"
-        f" AS $body${_LOCK_HEAD.format(s=s)}$body$",
     ]
 
 
@@ -173,8 +157,7 @@ def _functions(schema: str) -> set[tuple[str, str, str, bool]]:
             ("advance_head", "first_seq bigint, first_prev bytea, last_seq bigint, last_hash bytea, last_at text",
              _ADVANCE.format(s=schema), False),
             ("append_rows", _APPEND_ARGS, _APPEND.format(s=schema), False),
-            ("append_one", _APPEND_ONE_ARGS, _APPEND_ONE.format(s=schema), False),
-            ("lock_head", _LOCK_HEAD_ARGS, _LOCK_HEAD.format(s=schema), False)}
+            ("append_one", _APPEND_ONE_ARGS, _APPEND_ONE.format(s=schema), False)}
 
 
 def writer_grants(schema: str, role: str) -> list[str]:
@@ -195,7 +178,6 @@ def writer_grants(schema: str, role: str) -> list[str]:
         f" bytea[], text) TO {role}",
         f"GRANT EXECUTE ON FUNCTION {s}.append_one(bigint, text, bigint, text, text, bytea, bytea, bytea, text)"
         f" TO {role}",
-        f"GRANT EXECUTE ON FUNCTION {s}.lock_head(text[]) TO {role}",
     ]
 
 
