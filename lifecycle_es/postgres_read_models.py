@@ -49,8 +49,6 @@ class ServerReadModelTables:
             self.conn.execute(query.format(s=self.schema), params)
 
     def _read(self, action: str, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        # Always fetched: in a write transaction's pipeline a cursor has no description until its result
-        # is fetched, so a read that asked first would come back empty.
         self._live()
         with translated(action, self.path):
             return self.conn.execute(query.format(s=self.schema), params).fetchall()
