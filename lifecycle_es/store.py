@@ -95,6 +95,9 @@ class EventStore:
         # no thread reads another's uncommitted batch or starts a transaction inside it.
         self._lock = threading.RLock()
         self._group = GroupCommit(self)
+        # A backend that checks the store's identity as its write transaction begins (a server's, in the
+        # same round trip as the lock); the others are checked here first (`_write`).
+        self._identity_in_write: bool = getattr(backend, "checks_identity_in_write", False)
         store_id = backend.meta("store_id")
         if store_id is None:
             raise StoreFormatError(f"{backend.path!r} has no store id: not a lifecycle-es store")
@@ -253,7 +256,7 @@ class EventStore:
             raise StoreFencedError(self._fence)
         if self._backend.read_only:
             raise StoreIOError(f"{action}: the store {self.path!r} was opened read-only")
-        if getattr(self._backend, "checks_identity_in_write", False):
+        if self._identity_in_write:
             return _Fencing(self, self._backend.write(action))
         try:
             identity = self._backend.file_identity()
@@ -294,7 +297,8 @@ class EventStore:
     def _append(self, stream: str, events: Sequence[Event], expected_version: int | None,
                 at: str | None, *, checked: bool) -> list[RecordedEvent]:
         safe_id(stream, "stream")
-        if isinstance(events, Event) or not isinstance(events, Sequence) or not events:
+        # A list is a Sequence: the ABC's check (a registry walk) is for everything else.
+        if (type(events) is not list and (isinstance(events, Event) or not isinstance(events, Sequence))) or not events:
             raise InvalidInputError("events", "events must be a non-empty sequence of events")
         bodies = encode_all(events)  # refuses what is not an event, or holds a float, before anything else
         for _, body in bodies:

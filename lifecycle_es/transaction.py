@@ -50,6 +50,8 @@ class WriteTransaction:
     """The write side's unit of work, from `EventStore.transaction`: decisions read state under the lock
     (`stream_version`, `read_stream`, `head_at`), then append, all committed together or not at all."""
 
+    __slots__ = ("_action", "_context", "_store")
+
     def __init__(self, store: EventStore, action: str) -> None:
         self._store = store
         self._action = action
@@ -59,31 +61,28 @@ class WriteTransaction:
         lock = self._store._lock
         lock.acquire()
         try:
-            self._context = self._store._write(self._action)
-            self._context.__enter__()
+            self._context = context = self._store._write(self._action)
+            context.__enter__()
         except BaseException:
             lock.release()
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> Any:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Any:
+        store = self._store
         try:
-            return self._finish(*exc)
-        finally:
-            self._store._lock.release()
-
-    def _finish(self, *exc: Any) -> Any:
-        try:
-            result = self._context.__exit__(*exc)
+            result = self._context.__exit__(kind, exc, tb)
+            if kind is None:
+                store._local_commits += 1
+            return result
         except StoreIOError as error:
             if error.outcome_unknown:
                 # A retry could append the same facts twice, or chain onto a batch the disk lost.
-                self._store.fence(f"a commit's fsync failed, so whether it landed is unknown: reopen the store "
-                                  f"to learn ({error})")
+                store.fence(f"a commit's fsync failed, so whether it landed is unknown: reopen the store "
+                            f"to learn ({error})")
             raise
-        if exc[0] is None:
-            self._store._local_commits += 1
-        return result
+        finally:
+            store._lock.release()
 
     @property
     def store(self) -> EventStore:
