@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from . import chain
 from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, HostLeaseRow, Row
 from .backends import is_url, open_backend
-from .canonical import MAX_EPOCH_MS, iso_ms, timestamp
+from .canonical import MAX_EPOCH_MS, canonical_ms, iso_ms, timestamp
 from .errors import (
     ConcurrencyError,
     IntegrityError,
@@ -310,7 +310,10 @@ class EventStore:
             raise StoreKeyError("this keyed store was opened without its key: it is read-only")
         # `at` is hashed as stored, so it is held to the one canonical spelling (UTC, milliseconds, Z).
         stamped = at is None
-        at = timestamp(at, "at") if at is not None else iso_ms(safe_int(self._now(), "now", 0, MAX_EPOCH_MS))
+        if at is None:
+            at = iso_ms(safe_int(self._now(), "now", 0, MAX_EPOCH_MS))
+        elif canonical_ms(at) is None:  # already spelled so (a command's own stamp): `timestamp` would return it
+            at = timestamp(at, "at")
         backend = self._backend
         # One statement under the lock for all (answered without one when the command just read them).
         version, seq, prev, head_at = backend.tail(stream)
