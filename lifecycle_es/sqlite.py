@@ -1,11 +1,13 @@
 """The SQLite backend: one apsw connection to one store file, behind `Backend` (see ``backend.py``).
 
-This module holds the connection, the write transaction that always begins IMMEDIATE, reads paged
-by rows and bytes, inserts read back before they are acknowledged, and the named queries the store,
-the projections and the audit need. Its other ideas sit beside it, the only other modules that speak
-SQL: ``sqlite_schema`` (the schema, its migrations and the exact check), ``sqlite_profile`` (the
-pragma profile), ``sqlite_files`` (which files may be opened, how a store file is born),
-``sqlite_read_models`` (the read models' tables) and ``sqlite_errors`` (apsw errors as StoreErrors).
+This module holds the connection, reads paged by rows and bytes, inserts read back before they are
+acknowledged, and the named queries the store, the projections and the audit need. Its other ideas
+sit beside it, the only other modules that speak SQL: ``sqlite_write`` (the write transaction that
+always begins IMMEDIATE, and what the connection knows of the log's end while it holds the lock),
+``sqlite_savepoint`` (a group commit's command inside it), ``sqlite_schema`` (the schema, its
+migrations and the exact check), ``sqlite_profile`` (the pragma profile), ``sqlite_files`` (which
+files may be opened, how a store file is born), ``sqlite_read_models`` (the read models' tables) and
+``sqlite_errors`` (apsw errors as StoreErrors).
 A PostgreSQL backend implements the same interface.
 """
 
