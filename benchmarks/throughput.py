@@ -139,6 +139,7 @@ def _concurrent(context: Context, scale: dict[str, int]) -> list[Figure]:
         # command at most about 1/c, c the CPU a command costs there; the lone command takes 1/lone.
         cpu = median(crowd.cpu_us)
         ceiling = 1e6 / cpu / median(rates["lone"])
+        share = cpu * median(rates["concurrent"]) / 1e6  # the cores the process had while the 64 ran
     finally:
         store.close()
         conn.close()
@@ -149,9 +150,10 @@ def _concurrent(context: Context, scale: dict[str, int]) -> list[Figure]:
                  samples=rates, note=f"{THREADS} threads x {scale['per_thread']} acquire/settle commands per round, "
                                      f"{rounds} rounds alternating with the lone command and raw; mean batch under "
                                      f"load {mean_batch:.1f} commands; CPU per command under load {cpu:.0f} µs (all "
-                                     f"threads), so the 64 reach at most about {1e6 / cpu:,.0f} cmd/s, "
-                                     f"{ceiling:.1f}x the lone rate here (the lone command waits "
-                                     f"{1e6 / median(rates['lone']):.0f} µs, mostly its fsync)"),
+                                     f"threads), so the 64 reach at most about {1e6 / cpu:,.0f} cmd/s on a core of "
+                                     f"their own, {ceiling:.1f}x the lone rate here (the lone command waits "
+                                     f"{1e6 / median(rates['lone']):.0f} µs, mostly its fsync); they had "
+                                     f"{share:.2f} of a core (other processes' load takes the rest)"),
         compared("throughput.concurrent_64.p99", f"command p99 under {THREADS} concurrent commands", "µs",
                  percentile(crowd.latencies, 99), percentile(lone_latencies, 99), "lone command p99", None,
                  note=f"p50 {percentile(crowd.latencies, 50):,.0f} µs under load, lone p50 "
