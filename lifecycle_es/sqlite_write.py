@@ -15,8 +15,8 @@ long as it provably holds:
 - across transactions, when the connection's data version and ``total_changes`` are still what they
   were just after the commit that left it: no connection, this one or another in any process, has
   changed the file since (SQLite trusts its page cache on the same evidence);
-- after a write of its own to another table (a snapshot, a host lease row) that changed exactly one
-  row: no trigger wrote to the log with it (a trigger's rows count in ``total_changes`` too);
+- after a write of its own to another table (a snapshot, a host lease row) that changed its one row
+  and nothing else: no trigger wrote to the log with it (a trigger's rows count in ``total_changes``);
 - never after a rollback, of the transaction or of a savepoint in it (``total_changes`` does not go
   back with the rows): then everything is forgotten.
 
@@ -109,8 +109,11 @@ class LogEnd:
 
     def wrote_one(self, before: int) -> None:
         """A statement of ours wrote one row to a table other than the log; `before` was ``total_changes``
-        before it. The knowledge still holds when it held before and the statement changed that row alone."""
-        if self.changes == before and self.conn.total_changes() == before + 1:
+        before it. The knowledge still holds when it held before and the statement changed that row alone:
+        one row changed by the statement itself, and no other by anything it set off (a trigger's rows count
+        in ``total_changes`` but not in ``changes``, and one that skips the statement's row leaves none)."""
+        conn = self.conn
+        if self.changes == before and conn.changes() == 1 and conn.total_changes() == before + 1:
             self.changes = before + 1
 
     def inserted(self, rows: Sequence[Row], before: int) -> None:
