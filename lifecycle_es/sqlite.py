@@ -1,11 +1,13 @@
 """The SQLite backend: one apsw connection to one store file, behind `Backend` (see ``backend.py``).
 
-This module holds the connection, the write transaction that always begins IMMEDIATE, reads paged
-by rows and bytes, inserts read back before they are acknowledged, and the named queries the store,
-the projections and the audit need. Its other ideas sit beside it, the only other modules that speak
-SQL: ``sqlite_schema`` (the schema, its migrations and the exact check), ``sqlite_profile`` (the
-pragma profile), ``sqlite_files`` (which files may be opened, how a store file is born),
-``sqlite_read_models`` (the read models' tables) and ``sqlite_errors`` (apsw errors as StoreErrors).
+This module holds the connection, reads paged by rows and bytes, inserts read back before they are
+acknowledged, and the named queries the store, the projections and the audit need. Its other ideas
+sit beside it, the only other modules that speak SQL: ``sqlite_write`` (the write transaction that
+always begins IMMEDIATE, and what the connection knows of the log's end while it holds the lock),
+``sqlite_savepoint`` (a group commit's command inside it), ``sqlite_schema`` (the schema, its
+migrations and the exact check), ``sqlite_profile`` (the pragma profile), ``sqlite_files`` (which
+files may be opened, how a store file is born), ``sqlite_read_models`` (the read models' tables) and
+``sqlite_errors`` (apsw errors as StoreErrors).
 A PostgreSQL backend implements the same interface.
 """
 
@@ -17,18 +19,19 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import apsw
 
 from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, HostLeaseRow, Row, Tail, paged, stream_paged
 from .errors import IntegrityError, StoreFencedError, StoreFormatError, StoreIOError
-from .sqlite_errors import SYNC_FAILURES, translated, translation
+from .sqlite_errors import translated
 from .sqlite_files import ROW_COLUMNS, check_path, create_file, read_only_fs
 from .sqlite_profile import _expect, _pragma, apply_profile, apply_read_profile, set_busy_timeout
 from .sqlite_read_models import ReadModelTables
 from .sqlite_savepoint import SqliteSavepoint
 from .sqlite_schema import APPLICATION_ID, SCHEMA_VERSION, check_format, check_tables, migrate, schema_problems
+from .sqlite_write import LogEnd, SqliteTransaction
 
 TEXT_COLUMNS = ("stream", "type", "at")
 
@@ -63,15 +66,6 @@ class SqliteBackend(ReadModelTables):
         self.path = path
         self.read_only = read_only
         self.immutable = False
-        # Whether a write transaction of ours is open, and the tail read inside it (see `tail`).
-        self._writing = False
-        self._tail: tuple[str, int, Tail] | None = None
-        # total_changes when the open write transaction began; what its last insert left (changes after
-        # it, seq, hash, stream, version, at); and, once committed, the same under the data version after
-        # the commit (see `tail`). Only rows the file was seen to hold are ever kept here.
-        self._begun = 0
-        self._inserted: tuple[int, int, bytes, str, int, str] | None = None
-        self._committed: tuple[int, int, bytes, str, int, str] | None = None
         exists = check_path(path)
         if not exists:
             if read_only:
@@ -79,6 +73,8 @@ class SqliteBackend(ReadModelTables):
             create_file(path, vfs)
         with translated(f"open {path!r}"):
             self.conn = self._connect(path, vfs, read_only)
+        # What this connection knows of the log's end between its statements (see ``sqlite_write``).
+        self.log_end = LogEnd(self.conn)
         try:
             with translated(f"open {path!r}"):
                 # The busy timeout goes first: reading the header must wait, like every later statement,
@@ -156,10 +152,10 @@ class SqliteBackend(ReadModelTables):
 
     # --- transactions -------------------------------------------------------------------------------
 
-    def write(self, action: str, streams: Sequence[str] = ()) -> _SqliteTransaction:
+    def write(self, action: str, streams: Sequence[str] = ()) -> SqliteTransaction:
         """A write transaction that begins IMMEDIATE (the lock is had before anything is read); `streams` is
         a hint a local file has no use for (a read costs no round trip)."""
-        return _SqliteTransaction(self, action)
+        return SqliteTransaction(self, action)
 
     def savepoint(self, action: str) -> SqliteSavepoint:
         """A savepoint inside the open write transaction (see `Backend.savepoint`)."""
@@ -218,11 +214,12 @@ class SqliteBackend(ReadModelTables):
     def head_at(self) -> str | None:
         """The head's at (None for an empty log): the earliest an event appended now may be stamped.
 
-        Inside a write transaction, answered from what `tail` keeps when it can (no query).
+        Inside a write transaction, answered from what the connection knows of the log's end when it
+        can (no query: see ``sqlite_write``).
         """
-        kept = self._tail
-        if kept is not None and kept[1] == self.conn.total_changes():
-            return kept[2][3]
+        known, at = self.log_end.head_at()
+        if known:
+            return at
         with translated("read the head's time"):
             rows = self.conn.execute(_HEAD_AT).fetchall()
         return cast("str", rows[0][0]) if rows else None
@@ -236,37 +233,23 @@ class SqliteBackend(ReadModelTables):
         return cast("int", rows[0][0]) if rows else 0
 
     def tail(self, stream: str) -> Tail:
-        """(stream version, head seq, head hash, head at) in one statement: what an append reads under the lock.
+        """(stream version, head seq, head hash, head at), read in one statement: what an append reads under the lock.
 
-        Inside a write transaction the answer is kept until anything is written: a command reads the
-        tail to decide and then appends, and the append reads it again from here, not from the file.
-        No other connection can write while the lock is held, and any write of this one (an insert, a
-        read model's row, a snapshot) moves `total_changes`, which drops what was kept.
-
-        Across transactions, what our last commit left is kept too: when this transaction has written
-        nothing yet and the connection's data version is still the one read just after that commit,
-        no connection (this one or another, in any process) has changed the file since (SQLite trusts
-        its page cache on the same evidence), so the head and the stream's version are what that commit
-        made them. Were that ever wrong, the insert of an already taken seq would fail its primary key:
-        a stale tail cannot chain a second branch.
+        Inside a write transaction, without a statement when the connection knows them: it holds the
+        write lock, saw its own rows land, and can tell that nothing else changed the file since
+        (`sqlite_write.LogEnd` says exactly when). A command reads the tail to decide and its append
+        reads it again; the commands of a group commit's batch each read theirs after the others'
+        inserts; a lone command follows its own last commit. None of them reads the file for it.
         """
-        conn = self.conn
-        kept = self._tail
-        changes = conn.total_changes()
-        if kept is not None and kept[0] == stream and kept[1] == changes:
-            return kept[2]
-        committed = self._committed
-        if (committed is not None and self._writing and committed[3] == stream and changes == self._begun
-                and conn.data_version() == committed[0]):
-            found: Tail = (committed[4], committed[1], committed[2], committed[5])
-            self._tail = (stream, changes, found)
-            return found
+        end = self.log_end
+        known = end.known(stream)
+        if known is not None:
+            return known
         with translated("read stream version and head"):
             rows = self.conn.execute(_TAIL, (stream,)).fetchall()
         # STRICT columns: the types Tail names.
         found = cast("Tail", (rows[0][0] or 0, *rows[0][1:])) if rows else (0, 0, None, None)
-        if self._writing:
-            self._tail = (stream, self.conn.total_changes(), found)
+        end.read(stream, found)
         return found
 
     def insert(self, rows: Sequence[Row]) -> None:
@@ -278,12 +261,12 @@ class SqliteBackend(ReadModelTables):
         them), or StoreFormatError: the write is not acknowledged, the transaction is rolled back, and no
         head that is not in the file is kept for the next append.
         """
-        self._inserted = None
         if not rows:
             return
         conn = self.conn
+        before = conn.total_changes()
         conn.executemany(_INSERT, rows)
-        seq, stream, version, _, at, _, _, digest = rows[-1]
+        seq, digest = rows[-1][0], rows[-1][7]
         first = rows[0][0]
         landed = conn.execute(_LANDED, (first - 1,)).fetchall()
         if not landed or landed[0] != (seq, digest, len(rows)):
@@ -292,7 +275,7 @@ class SqliteBackend(ReadModelTables):
                 f"{self.path!r} did not keep the write: {len(rows)} event(s) inserted at seq {first}..{seq}, "
                 f"{found} found there; the store's schema was altered (a trigger?), so nothing was appended: "
                 "audit the file (lifecycle-es audit)")
-        self._inserted = (conn.total_changes(), seq, digest, stream, version, at)
+        self.log_end.inserted(rows, before)
 
     def pages(self, *, after: int, stream: str | None, limit: int | None = None) -> Iterator[list[Row]]:
         """The rows with seq > `after`, in seq order, optionally of one stream and at most `limit`, in pages.
@@ -406,18 +389,22 @@ class SqliteBackend(ReadModelTables):
 
     def put_host_lease(self, stream: str, holder: str, token: int, expires_ms: int) -> None:
         """Insert or replace the runner's host lease row (inside a write transaction)."""
+        before = self.conn.total_changes()
         self.conn.execute(
             "INSERT INTO host_leases (stream, holder, token, expires_ms) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (stream) DO UPDATE SET holder = excluded.holder, token = excluded.token,"
             " expires_ms = excluded.expires_ms", (stream, holder, token, expires_ms))
+        self.log_end.wrote_one(before)
 
     def put_snapshot(self, stream: str, version: int, seq: int, state: bytes, event_hash: bytes) -> None:
         """Insert or replace a stream's snapshot (inside a write transaction)."""
+        before = self.conn.total_changes()
         self.conn.execute(
             "INSERT INTO snapshots (stream, version, seq, state, event_hash) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT (stream) DO UPDATE SET version = excluded.version, seq = excluded.seq,"
             " state = excluded.state, event_hash = excluded.event_hash",
             (stream, version, seq, state, event_hash))
+        self.log_end.wrote_one(before)
 
     def snapshot_positions(self) -> list[tuple[str, int]]:
         """(stream, seq) of every stored snapshot, by seq (snapshots of streams the log lacks included)."""
@@ -461,63 +448,3 @@ class SqliteBackend(ReadModelTables):
             return self.file_identity() != self.identity
         except StoreFencedError:
             return True
-
-
-class _SqliteTransaction:
-    """`SqliteBackend.write`: BEGIN IMMEDIATE, then COMMIT, or ROLLBACK when the block raised.
-
-    A class rather than a generator for the same reason as `translated`. A failed fsync at COMMIT
-    leaves the commit's outcome unknown: that is a StoreIOError with ``outcome_unknown`` set.
-    """
-
-    __slots__ = ("action", "backend", "conn")
-
-    def __init__(self, backend: SqliteBackend, action: str) -> None:
-        self.backend = backend
-        self.conn = backend.conn
-        self.action = action
-
-    def __enter__(self) -> apsw.Connection:
-        try:
-            self.conn.execute("BEGIN IMMEDIATE")
-        except apsw.Error as exc:
-            raise translation(self.action, exc) from exc
-        backend = self.backend
-        backend._tail = backend._inserted = None
-        backend._begun = self.conn.total_changes()
-        backend._writing = True
-        return self.conn
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> Literal[False]:
-        conn, backend = self.conn, self.backend
-        inserted = backend._inserted
-        backend._writing = False
-        backend._tail = backend._inserted = backend._committed = None
-        if exc is not None:
-            try:
-                if not conn.getautocommit():
-                    conn.execute("ROLLBACK")
-            except apsw.Error as error:
-                raise translation(self.action, error) from error
-            if isinstance(exc, apsw.Error):
-                raise translation(self.action, exc) from exc
-            return False
-        try:
-            conn.execute("COMMIT")
-        except apsw.IOError as error:
-            if not conn.getautocommit():
-                with contextlib.suppress(apsw.Error):
-                    conn.execute("ROLLBACK")
-            if getattr(error, "extendedresult", None) in SYNC_FAILURES:
-                raise StoreIOError(f"{self.action}: the commit's fsync failed ({error}): whether it reached the "
-                                   "disk is unknown", outcome_unknown=True) from error
-            raise translation(self.action, error) from error
-        except apsw.Error as error:
-            raise translation(self.action, error) from error
-        if inserted is not None and inserted[0] == conn.total_changes():
-            # Nothing was written after the last insert: its row is the head (see `SqliteBackend.tail`).
-            backend._committed = (conn.data_version(), *inserted[1:])
-        return False
-
-

@@ -28,9 +28,9 @@ _NAME = "command"
 class SqliteSavepoint:
     """`SqliteBackend.savepoint`: SAVEPOINT, then RELEASE, or ROLLBACK TO and RELEASE when the block raised.
 
-    A rollback also drops what the backend kept of the tail and of the last insert (see
-    `SqliteBackend.tail`): `total_changes` does not go back with the rows, so what was read or written
-    inside the savepoint would otherwise pass for the head.
+    A rollback also drops what the connection knows of the log's end (``sqlite_write.LogEnd``):
+    `total_changes` does not go back with the rows, so what was read or written inside the savepoint
+    would otherwise pass for the head.
     """
 
     __slots__ = ("action", "backend", "lost")
@@ -57,7 +57,7 @@ class SqliteSavepoint:
             except apsw.Error as error:
                 raise translation(self.action, error) from error
             return False
-        backend._tail = backend._inserted = None
+        backend.log_end.forget()
         if conn.getautocommit():
             self.lost = True
             raise StoreIOError(f"{self.action}: the database ended the write transaction ({exc}), so its batch "

@@ -28,13 +28,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from . import chain
 from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, HostLeaseRow, Row
 from .backends import is_url, open_backend
-from .canonical import MAX_EPOCH_MS, iso_ms, timestamp
+from .canonical import MAX_EPOCH_MS, canonical_ms, iso_ms, timestamp
 from .errors import (
     ConcurrencyError,
     IntegrityError,
@@ -49,6 +49,8 @@ from .files import text_path
 from .group_commit import GroupCommit
 from .log import Head, RecordedEvent, VerifyReport
 from .seal import Seal, check_seal, read_seal, write_seal
+from .transaction import WriteTransaction as WriteTransaction  # re-exported: where it was always imported from
+from .transaction import _Fencing
 from .values import safe_id, safe_int, shown
 from .verify import ChainCheck, well_formed_at
 
@@ -93,6 +95,9 @@ class EventStore:
         # no thread reads another's uncommitted batch or starts a transaction inside it.
         self._lock = threading.RLock()
         self._group = GroupCommit(self)
+        # A backend that checks the store's identity as its write transaction begins (a server's, in the
+        # same round trip as the lock); the others are checked here first (`_write`).
+        self._identity_in_write: bool = getattr(backend, "checks_identity_in_write", False)
         store_id = backend.meta("store_id")
         if store_id is None:
             raise StoreFormatError(f"{backend.path!r} has no store id: not a lifecycle-es store")
@@ -255,7 +260,7 @@ class EventStore:
             raise StoreFencedError(self._fence)
         if self._backend.read_only:
             raise StoreIOError(f"{action}: the store {self.path!r} was opened read-only")
-        if getattr(self._backend, "checks_identity_in_write", False):
+        if self._identity_in_write:
             return _Fencing(self, self._backend.write(action, streams))
         try:
             identity = self._backend.file_identity()
@@ -298,7 +303,8 @@ class EventStore:
     def _append(self, stream: str, events: Sequence[Event], expected_version: int | None,
                 at: str | None, *, checked: bool) -> list[RecordedEvent]:
         safe_id(stream, "stream")
-        if isinstance(events, Event) or not isinstance(events, Sequence) or not events:
+        # A list is a Sequence: the ABC's check (a registry walk) is for everything else.
+        if (type(events) is not list and (isinstance(events, Event) or not isinstance(events, Sequence))) or not events:
             raise InvalidInputError("events", "events must be a non-empty sequence of events")
         bodies = encode_all(events)  # refuses what is not an event, or holds a float, before anything else
         for _, body in bodies:
@@ -310,7 +316,10 @@ class EventStore:
             raise StoreKeyError("this keyed store was opened without its key: it is read-only")
         # `at` is hashed as stored, so it is held to the one canonical spelling (UTC, milliseconds, Z).
         stamped = at is None
-        at = timestamp(at, "at") if at is not None else iso_ms(safe_int(self._now(), "now", 0, MAX_EPOCH_MS))
+        if at is None:
+            at = iso_ms(safe_int(self._now(), "now", 0, MAX_EPOCH_MS))
+        elif canonical_ms(at) is None:  # already spelled so (a command's own stamp): `timestamp` would return it
+            at = timestamp(at, "at")
         backend = self._backend
         # One statement under the lock for all (answered without one when the command just read them).
         version, seq, prev, head_at = backend.tail(stream)
@@ -562,111 +571,3 @@ def _too_large(bodies: Sequence[tuple[str, bytes]]) -> InvalidInputError:
     index, (type_, body) = next((index, pair) for index, pair in enumerate(bodies) if len(pair[1]) > MAX_EVENT_BYTES)
     return InvalidInputError("events", f"event {index} ({type_}) is {len(body):,} bytes encoded, beyond the bound of "
                                        f"{MAX_EVENT_BYTES:,} bytes an event may hold (MAX_EVENT_BYTES)")
-
-
-class _Fencing:
-    """A backend's write transaction that checks the store's identity as it begins: its StoreFencedError
-    fences the store, as `EventStore._write`'s own check does."""
-
-    __slots__ = ("inner", "store")
-
-    def __init__(self, store: EventStore, inner: Any) -> None:
-        self.store = store
-        self.inner = inner
-
-    def __enter__(self) -> Any:
-        try:
-            return self.inner.__enter__()
-        except StoreFencedError as exc:
-            self.store.fence(str(exc))
-            raise StoreFencedError(self.store._fence or str(exc)) from None
-
-    def __exit__(self, *exc: Any) -> Any:
-        return self.inner.__exit__(*exc)
-
-
-class WriteTransaction:
-    """The write side's unit of work, from `EventStore.transaction`: decisions read state under the lock
-    (`stream_version`, `read_stream`, `head_at`), then append, all committed together or not at all."""
-
-    def __init__(self, store: EventStore, action: str, streams: Sequence[str] = ()) -> None:
-        self._store = store
-        self._action = action
-        self._streams = streams
-        self._context: Any = None
-
-    def __enter__(self) -> WriteTransaction:
-        lock = self._store._lock
-        lock.acquire()
-        try:
-            self._context = self._store._write(self._action, self._streams)
-            self._context.__enter__()
-        except BaseException:
-            lock.release()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> Any:
-        try:
-            return self._finish(*exc)
-        finally:
-            self._store._lock.release()
-
-    def _finish(self, *exc: Any) -> Any:
-        try:
-            result = self._context.__exit__(*exc)
-        except StoreIOError as error:
-            if error.outcome_unknown:
-                # A retry could append the same facts twice, or chain onto a batch the disk lost.
-                self._store.fence(f"a commit's fsync failed, so whether it landed is unknown: reopen the store "
-                                  f"to learn ({error})")
-            raise
-        if exc[0] is None:
-            self._store._local_commits += 1
-        return result
-
-    @property
-    def store(self) -> EventStore:
-        """The store this transaction writes to."""
-        return self._store
-
-    def head_at(self) -> str | None:
-        """The head's at as of this transaction (None for an empty log): the earliest an event may be stamped.
-
-        Read under the lock, and without a query after `stream_version` read the tail.
-        """
-        return self._store._backend.head_at()
-
-    def stream_version(self, stream: str) -> int:
-        """The stream's version as of this transaction (read under the lock)."""
-        # The tail, not the version alone: an append that follows in this transaction reuses the read.
-        return self._store._backend.tail(stream)[0]
-
-    def read_stream(self, stream: str, *, after_version: int = 0) -> Iterable[RecordedEvent]:
-        """The stream's events after a version, as of this transaction."""
-        return self._store.read_stream(stream, after_version=after_version)
-
-    def host_lease(self, stream: str) -> HostLeaseRow | None:
-        """The runner's host lease row as of this transaction (read under the lock; see `lifecycle_es.host_lease`)."""
-        return self._store._backend.host_lease(stream)
-
-    def lease_clock(self, now_ms: int) -> int:
-        """The time host leases are judged at in this transaction: the database's clock where it has one (a
-        server), else `now_ms` (the time the transaction stamps)."""
-        database = self._store._backend.clock_ms()
-        return now_ms if database is None else database
-
-    def put_host_lease(self, stream: str, holder: str, token: int, expires_ms: int) -> None:
-        """Write the runner's host lease row in this transaction (a renewal is no event)."""
-        self._store._backend.put_host_lease(stream, holder, token, expires_ms)
-
-    def append(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
-               at: str | None = None) -> list[RecordedEvent]:
-        """`EventStore.append` inside this transaction (it commits when the `with` block ends without error)."""
-        return self._store._append(stream, events, expected_version, at, checked=True)
-
-    def append_unchecked(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
-                         at: str | None = None) -> list[RecordedEvent]:
-        """`EventStore.append_unchecked` inside this transaction; also the path of a caller that has already
-        decided its events through the rules under this transaction's lock (`RunnerLifecycle`)."""
-        return self._store._append(stream, events, expected_version, at, checked=False)

@@ -324,3 +324,30 @@ def test_threads_racing_on_one_runner_lose_no_update_and_fence_one_generation(ma
         assert state.state == "draining" and state.generation == 2
         assert all(lifecycle.state() == state for lifecycle in handles)
     proved(made)
+
+
+@pytest.mark.parametrize("places", ["sqlite"], indirect=True)  # it counts the file's statements (exec_trace)
+def test_a_batch_reads_no_tail_once_the_connection_knows_its_streams(made: str, base_dir: Path) -> None:
+    # The writer holds the lock and saw every row of the batch land (each insert read back), so the
+    # commands after the first decide against the log's end without reading it from the file, their
+    # snapshots included; the log is still the one their commands made one by one, and it verifies.
+    from lifecycle_es.sqlite import _HEAD_AT, _STREAM_VERSION, _TAIL
+
+    with EventStore.open(made, now=FakeClock()) as store:
+        handles = {runner_id: handle(store, base_dir, runner_id) for runner_id in RUNNERS}
+        for each in handles.values():  # each stream read once, and written, by this connection
+            each.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy())
+        statements: list[str] = []
+        conn: Any = store.backend.conn  # type: ignore[attr-defined]
+        held = Held(store)
+        conn.exec_trace = lambda cursor, sql, bindings: statements.append(sql) or True
+        for runner_id, each in handles.items():
+            held.queue(runner_id, lambda each=each: each.acquire_lease(session_id="s-2", expected_generation=1,
+                                                                      proxy_authority=proxy()))
+        outcomes = held.release()
+        conn.exec_trace = None
+        assert not [outcome for outcome in outcomes.values() if isinstance(outcome, Exception)]
+        assert [sql for sql in statements if sql in (_TAIL, _HEAD_AT, _STREAM_VERSION)] == []
+        assert sum(sql.startswith("INSERT INTO events") for sql in statements) == len(RUNNERS)
+        assert sum(sql.startswith("INSERT INTO snapshots") for sql in statements) == len(RUNNERS)
+    proved(made)

@@ -12,11 +12,14 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from targets import durable_state, raw_insert
 
 from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError
 from lifecycle_es.backend import MAX_EVENT_BYTES
 from lifecycle_es.backends import is_url
+from lifecycle_es.canonical import MAX_EPOCH_MS, canonical_ms, iso_ms, timestamp
 from lifecycle_es.events import LeaseSettled, ReclaimCompleted, RunnerParked, UnitStopped, encode
 from lifecycle_es.log import RecordedEvent
 from lifecycle_es.testing import FakeClock
@@ -261,3 +264,15 @@ def test_body_tag_differing_from_type_column_is_an_integrity_error(store: EventS
     with pytest.raises(IntegrityError):
         _ = garbage.event
 
+
+
+@given(st.integers(min_value=-10**6, max_value=MAX_EPOCH_MS), st.integers(min_value=0, max_value=23),
+       st.text(alphabet="0123456789:.-+TZz \u0663\uff10", max_size=3))
+def test_an_at_the_append_keeps_as_given_is_one_timestamp_would_return_unchanged(millis: int, position: int,
+                                                                               patch: str) -> None:
+    # The append keeps an `at` that canonical_ms reads (a command's own stamp) without normalizing it:
+    # for every such text, the normalization would have returned the very same text.
+    text = iso_ms(millis)
+    for candidate in (text, text[:position] + patch + text[position + len(patch) or position + 1:]):
+        if canonical_ms(candidate) is not None:
+            assert timestamp(candidate, "at") == candidate

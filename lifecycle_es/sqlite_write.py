@@ -1,0 +1,200 @@
+"""The SQLite backend's write transaction, and what its connection knows of the log's end between statements.
+
+    with backend.write("acquire_lease"):     # BEGIN IMMEDIATE ... COMMIT (ROLLBACK when the block raised)
+        backend.tail("runner-1")             # a query, or what `LogEnd` knows without one
+
+An append decides against the log's end: the head's seq, hash and at, and its stream's version (a
+`Tail`). Reading them is a statement; a connection that holds the write lock can often know them
+instead, because nothing but itself can move them while it holds the lock, and it saw every row it
+wrote land (`SqliteBackend.insert` reads the head back). `LogEnd` keeps that knowledge, and only as
+long as it provably holds:
+
+- inside a write transaction, while the connection's ``total_changes`` is what it was when the
+  knowledge was last made exact: any write of this connection that `LogEnd` did not see (a read
+  model's row, a snapshot, a row put in by hand) moves it, and the next `tail` reads the file again;
+- across transactions, when the connection's data version and ``total_changes`` are still what they
+  were just after the commit that left it: no connection, this one or another in any process, has
+  changed the file since (SQLite trusts its page cache on the same evidence);
+- after a write of its own to another table (a snapshot, a host lease row) that changed its one row
+  and nothing else: no trigger wrote to the log with it (a trigger's rows count in ``total_changes``);
+- never after a rollback, of the transaction or of a savepoint in it (``total_changes`` does not go
+  back with the rows): then everything is forgotten.
+
+So a batch of commands of a group commit, each on its own stream, reads no tail at all once the
+streams are known, and a lone command none either. Were the knowledge ever wrong, the insert of a seq
+already taken would fail its primary key and a version already taken its UNIQUE (stream, version): a
+stale tail cannot fork the chain or a stream. Streams known are bounded (`MAX_KNOWN_STREAMS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+import apsw
+
+from .backend import Row, Tail
+from .errors import StoreIOError
+from .sqlite_errors import SYNC_FAILURES, translation
+
+if TYPE_CHECKING:
+    from .sqlite import SqliteBackend
+
+MAX_KNOWN_STREAMS = 65_536
+"""The most streams whose versions a connection keeps; past it, it starts again from none."""
+
+
+class LogEnd:
+    """What one connection knows of the log's end: the head, and the versions of the streams it read or wrote.
+
+    `head` is (seq, hash, at) and `versions` maps a stream to its last version; both hold while
+    `changes` equals the connection's ``total_changes`` inside a write transaction (see the module).
+    """
+
+    __slots__ = ("changes", "committed", "conn", "head", "versions", "writing")
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+        self.writing = False
+        self.head: tuple[int, bytes | None, str | None] = (0, None, None)
+        self.versions: dict[str, int] = {}
+        self.changes = -1  # no value of total_changes: nothing is known
+        # (data version, total_changes) just after the commit that left the knowledge exact, or None.
+        self.committed: tuple[int, int] | None = None
+
+    def forget(self) -> None:
+        """Drop everything known (a rollback, a failed write, a commit whose result is not known)."""
+        self.changes = -1
+        self.committed = None
+        self.versions = {}
+
+    def begin(self) -> None:
+        """A write transaction began: keep what the last commit left only if nothing changed the file since."""
+        conn = self.conn
+        changes = conn.total_changes()
+        if self.committed is not None and self.committed == (conn.data_version(), changes):
+            self.changes = changes
+        else:
+            self.forget()
+        self.committed = None
+        self.writing = True
+
+    def known(self, stream: str) -> Tail | None:
+        """The stream's tail when it is known now, else None (then the caller reads it)."""
+        if not self.writing or self.changes != self.conn.total_changes():
+            return None
+        version = self.versions.get(stream)
+        if version is None:
+            return None
+        seq, digest, at = self.head
+        return (version, seq, digest, at)
+
+    def head_at(self) -> tuple[bool, str | None]:
+        """(True, the head's at) when the head is known now, else (False, None)."""
+        if self.writing and self.changes == self.conn.total_changes():
+            return True, self.head[2]
+        return False, None
+
+    def read(self, stream: str, found: Tail) -> None:
+        """`found` was just read from the file under the write lock: it is the head, and the stream's version."""
+        if not self.writing:
+            return
+        changes = self.conn.total_changes()
+        if changes != self.changes or len(self.versions) >= MAX_KNOWN_STREAMS:
+            self.versions = {}
+        self.head = found[1:]
+        self.versions[stream] = found[0]
+        self.changes = changes
+
+    def wrote_one(self, before: int) -> None:
+        """A statement of ours wrote one row to a table other than the log; `before` was ``total_changes``
+        before it. The knowledge still holds when it held before and the statement changed that row alone:
+        one row changed by the statement itself, and no other by anything it set off (a trigger's rows count
+        in ``total_changes`` but not in ``changes``, and one that skips the statement's row leaves none)."""
+        conn = self.conn
+        if self.changes == before and conn.changes() == 1 and conn.total_changes() == before + 1:
+            self.changes = before + 1
+
+    def inserted(self, rows: Sequence[Row], before: int) -> None:
+        """`rows` were inserted and seen to land, the last one now the head; `before` was ``total_changes``
+        before the insert (what was known then still holds for every stream but theirs)."""
+        if not self.writing:
+            self.forget()
+            return
+        if before != self.changes:
+            self.versions = {}
+        versions = self.versions
+        for row in rows:
+            known = versions.get(row[1])
+            # A stream read before the insert: its version is the highest of the two. One never read
+            # stays unknown (a row put in by hand may have left it higher than this one).
+            if known is not None and row[2] > known:
+                versions[row[1]] = row[2]
+        last = rows[-1]
+        self.head = (last[0], last[7], last[4])
+        self.changes = self.conn.total_changes()
+
+    def ended(self, committed: bool) -> None:
+        """The transaction ended: committed (keep what is exact at the commit) or rolled back (forget)."""
+        self.writing = False
+        conn = self.conn
+        if committed and self.changes == conn.total_changes():
+            self.committed = (conn.data_version(), self.changes)
+        else:
+            self.forget()
+
+
+class SqliteTransaction:
+    """`SqliteBackend.write`: BEGIN IMMEDIATE, then COMMIT, or ROLLBACK when the block raised.
+
+    A class rather than a generator for the same reason as `translated`. A failed fsync at COMMIT
+    leaves the commit's outcome unknown: that is a StoreIOError with ``outcome_unknown`` set.
+    """
+
+    __slots__ = ("action", "conn", "end")
+
+    def __init__(self, backend: SqliteBackend, action: str) -> None:
+        self.conn = backend.conn
+        self.end = backend.log_end
+        self.action = action
+
+    def __enter__(self) -> apsw.Connection:
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except apsw.Error as exc:
+            raise translation(self.action, exc) from exc
+        self.end.begin()
+        return self.conn
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> Literal[False]:
+        conn, end = self.conn, self.end
+        if exc is not None:
+            end.ended(committed=False)
+            try:
+                if not conn.getautocommit():
+                    conn.execute("ROLLBACK")
+            except apsw.Error as error:
+                raise translation(self.action, error) from error
+            if isinstance(exc, apsw.Error):
+                raise translation(self.action, exc) from exc
+            return False
+        try:
+            conn.execute("COMMIT")
+        except apsw.IOError as error:
+            end.ended(committed=False)
+            if not conn.getautocommit():
+                with contextlib.suppress(apsw.Error):
+                    conn.execute("ROLLBACK")
+            if getattr(error, "extendedresult", None) in SYNC_FAILURES:
+                raise StoreIOError(f"{self.action}: the commit's fsync failed ({error}): whether it reached the "
+                                   "disk is unknown", outcome_unknown=True) from error
+            raise translation(self.action, error) from error
+        except BaseException as error:
+            end.ended(committed=False)
+            if isinstance(error, apsw.Error):
+                raise translation(self.action, error) from error
+            raise
+        end.ended(committed=True)
+        return False

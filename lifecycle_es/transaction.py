@@ -1,0 +1,132 @@
+"""`WriteTransaction`: the write side's unit of work on an `EventStore` (``EventStore.transaction``, and each
+batch of ``EventStore.commit``'s group commit).
+
+    with store.transaction("acquire_lease") as tx:
+        version = tx.stream_version("runner-1")      # read under the write lock
+        tx.append_unchecked("runner-1", events, expected_version=version)
+
+It holds the store's connection lock and the backend's write transaction from its first statement to
+the commit: decisions read state under the lock, then append, all committed together or not at all. A
+commit whose outcome is unknown (a failed fsync) fences the store, so nothing is retried onto a log
+the disk may not hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .backend import HostLeaseRow
+from .errors import StoreFencedError, StoreIOError
+from .events import Event
+from .log import RecordedEvent
+
+if TYPE_CHECKING:
+    from .store import EventStore
+
+
+class _Fencing:
+    """A backend's write transaction that checks the store's identity as it begins: its StoreFencedError
+    fences the store, as `EventStore._write`'s own check does."""
+
+    __slots__ = ("inner", "store")
+
+    def __init__(self, store: EventStore, inner: Any) -> None:
+        self.store = store
+        self.inner = inner
+
+    def __enter__(self) -> Any:
+        try:
+            return self.inner.__enter__()
+        except StoreFencedError as exc:
+            self.store.fence(str(exc))
+            raise StoreFencedError(self.store._fence or str(exc)) from None
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.inner.__exit__(*exc)
+
+
+class WriteTransaction:
+    """The write side's unit of work, from `EventStore.transaction`: decisions read state under the lock
+    (`stream_version`, `read_stream`, `head_at`), then append, all committed together or not at all."""
+
+    __slots__ = ("_action", "_context", "_store", "_streams")
+
+    def __init__(self, store: EventStore, action: str, streams: Sequence[str] = ()) -> None:
+        self._store = store
+        self._action = action
+        self._streams = streams
+        self._context: Any = None
+
+    def __enter__(self) -> WriteTransaction:
+        lock = self._store._lock
+        lock.acquire()
+        try:
+            self._context = context = self._store._write(self._action, self._streams)
+            context.__enter__()
+        except BaseException:
+            lock.release()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Any:
+        store = self._store
+        try:
+            result = self._context.__exit__(kind, exc, tb)
+            if kind is None:
+                store._local_commits += 1
+            return result
+        except StoreIOError as error:
+            if error.outcome_unknown:
+                # A retry could append the same facts twice, or chain onto a batch the disk lost.
+                store.fence(f"a commit's fsync failed, so whether it landed is unknown: reopen the store "
+                            f"to learn ({error})")
+            raise
+        finally:
+            store._lock.release()
+
+    @property
+    def store(self) -> EventStore:
+        """The store this transaction writes to."""
+        return self._store
+
+    def head_at(self) -> str | None:
+        """The head's at as of this transaction (None for an empty log): the earliest an event may be stamped.
+
+        Read under the lock, and without a query after `stream_version` read the tail.
+        """
+        return self._store._backend.head_at()
+
+    def stream_version(self, stream: str) -> int:
+        """The stream's version as of this transaction (read under the lock)."""
+        # The tail, not the version alone: an append that follows in this transaction reuses the read.
+        return self._store._backend.tail(stream)[0]
+
+    def read_stream(self, stream: str, *, after_version: int = 0) -> Iterable[RecordedEvent]:
+        """The stream's events after a version, as of this transaction."""
+        return self._store.read_stream(stream, after_version=after_version)
+
+    def host_lease(self, stream: str) -> HostLeaseRow | None:
+        """The runner's host lease row as of this transaction (read under the lock; see `lifecycle_es.host_lease`)."""
+        return self._store._backend.host_lease(stream)
+
+    def lease_clock(self, now_ms: int) -> int:
+        """The time host leases are judged at in this transaction: the database's clock where it has one (a
+        server), else `now_ms` (the time the transaction stamps)."""
+        database = self._store._backend.clock_ms()
+        return now_ms if database is None else database
+
+    def put_host_lease(self, stream: str, holder: str, token: int, expires_ms: int) -> None:
+        """Write the runner's host lease row in this transaction (a renewal is no event)."""
+        self._store._backend.put_host_lease(stream, holder, token, expires_ms)
+
+    def append(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
+               at: str | None = None) -> list[RecordedEvent]:
+        """`EventStore.append` inside this transaction (it commits when the `with` block ends without error)."""
+        return self._store._append(stream, events, expected_version, at, checked=True)
+
+    def append_unchecked(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
+                         at: str | None = None) -> list[RecordedEvent]:
+        """`EventStore.append_unchecked` inside this transaction; also the path of a caller that has already
+        decided its events through the rules under this transaction's lock (`RunnerLifecycle`)."""
+        return self._store._append(stream, events, expected_version, at, checked=False)
