@@ -6,7 +6,7 @@ Part of ``python -m benchmarks.postgres`` (it needs that run's cluster). Two mea
   command and per single-event append, on the store's own connection;
 - a prototype append written in raw psycopg with the store's own statements on a real store schema,
   rows chained with `lifecycle_es.chain.links` (the store audits them afterwards), in three shapes:
-  ``4 round trips`` as the backend does it today (identity; BEGIN + lock; tail read; INSERT +
+  ``4 round trips`` as the backend once did it (identity; BEGIN + lock; tail read; INSERT +
   advance_head + NOTIFY + COMMIT), ``2`` (the identity and the tail read in the locking statement),
   and ``1`` (the head this connection committed last kept, so the whole transaction goes in one
   pipeline; advance_head refuses it when another writer moved the head, and the writer retries with
@@ -195,9 +195,10 @@ def run(context: Context, server: Server, scale: dict[str, Any], fleet: Any = No
         per_command = _statements(server, runner.command, pid, count)
         ours_stream = _OursStream(store, "runner-ours")
         per_append = _statements(server, ours_stream.append, pid, count)
-        note = (f"log_statement=all, {count} calls each; a command: BEGIN + lock_timeout + the lock, which reads "
-                "the store's identity (one trip), the stream's tail under the lock (one trip, kept for the rest of "
-                "the transaction), then INSERT + advance_head + NOTIFY + COMMIT (one trip)")
+        note = (f"log_statement=all, {count} calls each; a command: BEGIN, the head table's lock, the head with "
+                "the store's id and the stream's version, in one simple query (one trip; the server logs it as one "
+                "statement); append_one, whose row, proof and NOTIFY are one server function (one trip); COMMIT "
+                "(one trip)")
         figures.append(compared("postgres.statements.command", "statements per durable command (server log)",
                                 "stmts", per_command, per_append, "per single-event append_unchecked", None, note=note))
         if fleet is not None:
@@ -239,7 +240,8 @@ def run(context: Context, server: Server, scale: dict[str, Any], fleet: Any = No
                             rates["raw"], base, None, samples=rates,
                             note=f"{scale['rounds']} alternating rounds of {n} appends, one writer; client CPU µs per "
                                  f"append (median of rounds): {shown_cpu}; {load()}"))
-    shapes = {"4": "4 round trips, today's 9 statements", "2": "2 round trips, identity + tail in the lock",
+    shapes = {"4": "4 round trips, 9 statements (the first backend's shape)",
+              "2": "2 round trips, identity + tail in the lock",
               "1": "1 round trip, cached head", "lean4": "4 statements, no pipeline, 4 round trips",
               "lean2": "4 statements, pipelined, 2 round trips"}
     for name, shape in shapes.items():
