@@ -37,11 +37,13 @@ Streams = dict[str, tuple[RunnerState, int, int]]
 # A walker of fewer events than this costs more as a process than it saves; shorter logs are walked inline.
 MIN_RANGE_EVENTS = 10_000
 BUSY_TIMEOUT_MS = 5000
-# What a worker process's start-up (an interpreter, the package's imports) costs, in events replayed: the
-# auditing process, which starts at once, takes that many more of the runners' events.
-STARTUP_EVENTS = 20_000
-# Beyond this many runners the shares are not counted (a seek per runner) but hashed: they even out anyway.
-MAX_COUNTED_STREAMS = 10_000
+# What a worker process's start-up (an interpreter and the package's imports, ~0.15 s of CPU) costs beyond what
+# the auditing process does meanwhile (the schema, the snapshots' tags), in events replayed: the auditing
+# process, which starts walking at once, takes that many more of the runners' events.
+STARTUP_EVENTS = 10_000
+# Beyond this many runners the shares are not counted (a seek per runner, a round trip on a server) but hashed:
+# so many even out anyway.
+MAX_COUNTED_STREAMS = 2_000
 
 
 class Found(NamedTuple):

@@ -27,7 +27,7 @@ from pg import Server
 import lifecycle_es
 from lifecycle_es import AuditReport, EventStore, InvalidInputError, LifecycleError, Problem, StoreKeyError, audit
 from lifecycle_es.backends import server_target
-from lifecycle_es.walk import MIN_RANGE_EVENTS, STARTUP_EVENTS, owners, share_of
+from lifecycle_es.walk import MIN_RANGE_EVENTS, STARTUP_EVENTS, counted, open_for_audit, owners, share_of
 
 
 def digest(path: Path) -> str:
@@ -224,6 +224,10 @@ def test_jobs_walk_one_part_here_and_start_a_worker_only_for_the_others(long: st
         sum("lifecycle_es.workers" in line for line in descendants_argv())))
     assert report.ok and report.jobs == 2, report.problems
     assert max(workers) == 1, workers
+    # The shares are cut by each runner's count of events (its last version).
+    with contextlib.closing(open_for_audit(long, None)) as store:
+        counts = counted(store)
+        assert sorted(counts) == store.streams() and sum(counts.values()) == store.head().seq == report.events
 
 
 def test_shares_are_balanced_by_events_not_by_a_hash_of_names() -> None:
