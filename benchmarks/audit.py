@@ -5,9 +5,9 @@ worker processes, and the audit's peak memory.
 
 - the audit at ``--jobs 1`` (chain, every transition through the rules, caches, all in one process)
   against the bare replay loop (read rows, msgspec-decode, blake3-hash) on the same file (>= 0.5x);
-- the audit at ``--jobs 2`` (two worker processes, each checking half the chain and replaying half the
-  runners) against ``--jobs 1`` (>= 1.6x), wall clock, worker start-up included, with the load average
-  beside it (the ratio needs two idle CPUs to show);
+- the audit at ``--jobs 2`` (this process and one worker process, each checking half the chain and
+  replaying half the runners) against ``--jobs 1`` (>= 1.6x), wall clock, worker start-up included, with
+  the load average beside it (the ratio needs two idle CPUs to show);
 - ``projections.rebuild`` (replay every event through the rules, write every snapshot and read-model
   row) on a copy of the same file, against the same bare loop (>= 0.5x);
 - the audit's peak RSS, as a process of its own (``getrusage(RUSAGE_CHILDREN).ru_maxrss`` of a parent
@@ -280,7 +280,8 @@ def run(context: Context) -> list[Figure]:
     figures.append(compared(
         "audit.rate.jobs2", f"audit --jobs 2 over {scale['rate_log']:,} events ({load})", "ev/s", two["jobs2"],
         two["jobs1"], "audit --jobs 1", Target(">=", 1.6), samples={**two, "loadavg": [before, after]},
-        note=f"each worker reads every row, checks half the chain and replays half the runners; {os.cpu_count()} "
+        note=f"the auditing process and one worker each read every row, check half the chain and replay half the "
+             f"runners (balanced by their events); {os.cpu_count()} "
              f"CPU(s), shared with whatever else runs ({load}; the 1-minute figure counts this run's own "
              "processes too): the ratio needs two idle CPUs to show"))
 

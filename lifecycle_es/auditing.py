@@ -21,11 +21,12 @@ What it proves, in one read transaction (one consistent view of the log), each r
 - ``checkpoints`` (given ``trust``): every signed checkpoint verifies with a trusted public key, and
   the log holds each signed head at its seq (``lifecycle_es.checkpoint_audit``): with no secret.
 
-The pass runs in this process (``jobs=1``) or in worker processes (``lifecycle_es.workers``: fresh
-interpreters, so it needs no ``__main__`` guard and works from a thread) that each check a seq range of
-the chain and replay a share of the runners. Memory is one state per runner, never the log. Only
-`LifecycleError` kinds are raised, and only when the log cannot be audited at all (a keyed store
-without its key, a file that is not a store); everything found wrong in a log is a `Problem`.
+The pass runs in this process (``jobs=1``) or is shared between this process and worker processes
+(``lifecycle_es.workers``: fresh interpreters, so it needs no ``__main__`` guard and works from a thread),
+each walker checking a seq range of the chain and replaying a share of the runners. Memory is one
+state per runner, never the log. Only `LifecycleError` kinds are raised, and only when the log cannot
+be audited at all (a keyed store without its key, a file that is not a store); everything found wrong
+in a log is a `Problem`.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from .files import text_path
 from .log import RecordedEvent
 from .runner import LEASE_STATUSES, STATES
 from .store import EventStore
-from .walk import Streams, Walked, open_for_audit, split, walk
+from .walk import Streams, Walked, counted, open_for_audit, owners, received, split, walk
 from .workers import Workers
 
 if TYPE_CHECKING:
@@ -165,10 +166,10 @@ def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = No
 
     `key`: the store's 32-byte key (a keyed store's hashes are MACs: without it StoreKeyError; given for
     a store that claims to be unkeyed, the audit goes on and reports a possible downgrade). `seal`: the
-    seal file to check (default: ``<path>.seal`` when one is there). `jobs`: worker processes sharing
-    the pass (a log under 10,000 events a worker is walked in this process). `progress`: called with
-    (events read, events in the log) as the pass goes; the library draws nothing. A path is opened
-    read-only: nothing in the file, its -wal or its seal changes.
+    seal file to check (default: ``<path>.seal`` when one is there). `jobs`: processes sharing the pass,
+    this one and ``jobs - 1`` workers (a log under 10,000 events a process is walked in this one
+    alone). `progress`: called with (events read, events in the log) as the pass goes; the library
+    draws nothing. A path is opened read-only: nothing in the file, its -wal or its seal changes.
 
     `trust`: the public key (a ``FILE.pub`` path or a `Verifier`), or a list of them, whose signed
     checkpoints the log is held to: each checkpoint in `checkpoints` (default ``<path>.checkpoints``)
@@ -250,28 +251,39 @@ def _audit(store: EventStore, key: bytes | None, seal_path: str | None, jobs: in
 def _prove(store: EventStore, report: AuditReport, key: bytes | None, seal_path: str | None, jobs: int,
            progress: Callable[[int, int], None] | None, reopen: str) -> None:
     """The pass over the log: schema, chain, rules, caches and seal, each found problem into `report`."""
-    schema = store.schema_problems()
-    # A few name it; the rest are counted, so that a file with thousands leaves room for the log's own.
-    for problem in schema[:MAX_SCHEMA_PROBLEMS]:
-        report.add(None, None, "schema", f"the store's schema was altered outside lifecycle-es: {problem}")
-    if len(schema) > MAX_SCHEMA_PROBLEMS:
-        report.add(None, None, "schema", f"the store's schema was altered outside lifecycle-es in "
-                                         f"{len(schema) - MAX_SCHEMA_PROBLEMS} more ways")
-    if not schema:
-        report.checks["schema"] = True
     head = store.head()
-    report.head_seq = head.seq
-    report.head_hash = head.hash.hex() if head.seq else None
     _, lowest = store.backend.seq_bounds()
-    if lowest is not None and lowest < 1:
-        # A walk reads seq 1, 2, ...: a row at seq <= 0 lies outside every walk and every hash.
-        report.add(lowest, None, "chain", f"an event lies outside the chain, at seq {lowest}")
-        return
-    snapshots = SnapshotCheck(store)
     position = store.backend.read_model_position()
     # Only the events a snapshot was taken at need their state handed back for the snapshot check.
     snapshot_seqs = frozenset(seq for _, seq in store.backend.snapshot_positions())
-    walks = _walks(store, reopen, key, head.seq, jobs, position, snapshot_seqs, report, progress)
+    # A walk reads seq 1, 2, ...: a row at seq <= 0 lies outside every walk and every hash.
+    outside = lowest is not None and lowest < 1
+    ranges = split(head.seq, jobs) if jobs > 1 and not outside else []
+    report.jobs = len(ranges) if len(ranges) > 1 else 1
+    owned = counted(store) if report.jobs > 1 else {}
+    owned = owners(owned, report.jobs) if owned else {}
+    # The other parts' workers start first and work while this process checks the schema and walks part 0.
+    calls = [(reopen, key, head.seq, first, last, part, len(ranges), position, snapshot_seqs, owned)
+             for part, (first, last) in enumerate(ranges)][1:]
+    tell = (lambda rows: progress(rows, head.seq)) if progress is not None else None
+    with Workers("lifecycle_es.walk:walk_share", calls, progress=tell) as workers:
+        workers.begin()
+        schema = store.schema_problems()
+        # A few name it; the rest are counted, so that a file with thousands leaves room for the log's own.
+        for problem in schema[:MAX_SCHEMA_PROBLEMS]:
+            report.add(None, None, "schema", f"the store's schema was altered outside lifecycle-es: {problem}")
+        if len(schema) > MAX_SCHEMA_PROBLEMS:
+            report.add(None, None, "schema", f"the store's schema was altered outside lifecycle-es in "
+                                             f"{len(schema) - MAX_SCHEMA_PROBLEMS} more ways")
+        if not schema:
+            report.checks["schema"] = True
+        report.head_seq = head.seq
+        report.head_hash = head.hash.hex() if head.seq else None
+        if outside:
+            report.add(lowest, None, "chain", f"an event lies outside the chain, at seq {lowest}")
+            return
+        snapshots = SnapshotCheck(store)
+        walks = _walks(store, workers, key, head.seq, ranges, owned, position, snapshot_seqs, progress)
     streams, captured = _merge(report, walks, snapshots)
     if any(walked.problem is not None for walked in walks):
         return  # what follows compares against a replay that did not finish
@@ -285,21 +297,21 @@ def _prove(store: EventStore, report: AuditReport, key: bytes | None, seal_path:
         _check_seal(store, report, seal_path, key)
 
 
-def _walks(store: EventStore, reopen: str, key: bytes | None, head: int, jobs: int, position: int | None,
-           snapshot_seqs: frozenset[int], report: AuditReport,
+def _walks(store: EventStore, workers: Workers, key: bytes | None, head: int, ranges: list[tuple[int, int]],
+           owned: dict[str, int], position: int | None, snapshot_seqs: frozenset[int],
            progress: Callable[[int, int], None] | None) -> list[Walked]:
-    ranges = split(head, jobs) if jobs > 1 else []
-    report.jobs = len(ranges) if len(ranges) > 1 else 1
-    tell = (lambda rows: progress(rows, head)) if progress is not None else None
-    if report.jobs == 1:
+    """Walk part 0 here (all of the log when there is one part) while the workers walk the others."""
+    if len(ranges) <= 1:
+        tell = (lambda rows: progress(rows, head)) if progress is not None else None
         return [walk(store, key, head=head, chain_range=(1, head), share=None, position=position,
                      snapshot_seqs=snapshot_seqs, progress=tell)]
-    # The target travels to each worker on its stdin with the key, never in argv.
-    calls = [(reopen, key, head, first, last, part, len(ranges), position, snapshot_seqs)
-             for part, (first, last) in enumerate(ranges)]
-    with Workers("lifecycle_es.walk:walk_share", calls, progress=tell) as workers:
-        results: list[Walked] = workers.results()
-    return results
+    # The pass is where its slowest walker is: this one's or the workers' count between this one's pages, the
+    # workers' once it is done (`Workers.results`).
+    tell = (lambda rows: progress(min(rows, workers.poll()), head)) if progress is not None else None
+    first, last = ranges[0]
+    here = walk(store, key, head=head, chain_range=(first, last), share=(0, len(ranges)), position=position,
+                snapshot_seqs=snapshot_seqs, progress=tell, owned=owned)
+    return [here, *(received(result) for result in workers.results())]
 
 
 def _merge(report: AuditReport, walks: list[Walked], snapshots: SnapshotCheck) -> tuple[Streams, Streams | None]:

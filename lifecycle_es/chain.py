@@ -38,6 +38,17 @@ def _hasher(key: bytes | None) -> blake3.blake3:
     return blake3.blake3(key=key) if key is not None else blake3.blake3()
 
 
+def frame_head(lengths: tuple[int, int, int]) -> struct.Struct:
+    """The Struct that packs an event's frame up to its body's length (seq, stream, version, type, at, the
+    body's length), given the encoded lengths of its stream, type and at; kept for the next such event."""
+    head = _HEADS.get(lengths)
+    if head is None:
+        head = struct.Struct(">QQ%dsQQ%dsQ%dsQ" % lengths)  # noqa: UP031 (a format of formats)
+        if len(_HEADS) < _MAX_HEADS:
+            _HEADS[lengths] = head
+    return head
+
+
 def link(prev: bytes, seq: int, stream: str, version: int, type_: str, at: str, body: bytes,
          key: bytes | None = None) -> bytes:
     """The hash of one event, given the hash of the event before it.
@@ -52,11 +63,7 @@ def link(prev: bytes, seq: int, stream: str, version: int, type_: str, at: str, 
         type_b = type_.encode()
         at_b = at.encode()
         lengths = (len(stream_b), len(type_b), len(at_b))
-        head = _HEADS.get(lengths)
-        if head is None:
-            head = struct.Struct(">QQ%dsQQ%dsQ%dsQ" % lengths)  # noqa: UP031 (a format of formats)
-            if len(_HEADS) < _MAX_HEADS:
-                _HEADS[lengths] = head
+        head = _HEADS.get(lengths) or frame_head(lengths)
         start = EVENT_DOMAIN + prev + head.pack(seq, lengths[0], stream_b, version, lengths[1], type_b, lengths[2],
                                                 at_b, len(body))
         hasher = blake3.blake3(start, key=key) if key is not None else blake3.blake3(start)

@@ -1,10 +1,14 @@
 """One pass over a log's rows for the audit: the chain over a seq range, the rules over a share of the runners.
 
-The audit walks a log once in one process (``jobs=1``: every seq and every runner), or once per worker
-process, each checking the chain over its own seq range and replaying its own share of the runners
-(a runner's events depend on nothing but its own stream). Every walker reads every row, so each also
-sees that seqs run 1, 2, ... without a gap. A walker stops at its first problem; the first bad seq of
-the log is the lowest any walker found.
+The audit walks a log once in one process (``jobs=1``: every seq and every runner), or once per walker
+(the auditing process and a worker process for each other part), each checking the chain over its own
+seq range and replaying its own share of the runners (a runner's events depend on nothing but its own
+stream). Every walker reads every row, so each also sees that seqs run 1, 2, ... without a gap. A
+walker stops at its first problem; the first bad seq of the log is the lowest any walker found.
+
+The shares are balanced by the runners' event counts (`owners`), the auditing process's share the
+larger by what a worker's start-up costs; a stream no share names (the log changed under the count)
+falls to `share_of`, which every walker computes alike.
 
 Chain: every row through one `verify.ChainCheck` (the verifier `EventStore.verify` uses). Rules: each
 runner's rows through one `replay.Fold` (the fold commands, projections and rebuild use), versions
@@ -13,16 +17,17 @@ runner's rows through one `replay.Fold` (the fold commands, projections and rebu
 
 from __future__ import annotations
 
+import heapq
 import time
 import zlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import NamedTuple
 
 from .backend import Row
 from .backends import open_backend
 from .errors import IntegrityError, LifecycleError
 from .replay import Fold
-from .state import RunnerState
+from .state import RunnerState, decode_state, encode_state
 from .store import EventStore
 from .verify import ChainCheck
 from .workers import report_progress
@@ -32,6 +37,13 @@ Streams = dict[str, tuple[RunnerState, int, int]]
 # A walker of fewer events than this costs more as a process than it saves; shorter logs are walked inline.
 MIN_RANGE_EVENTS = 10_000
 BUSY_TIMEOUT_MS = 5000
+# What a worker process's start-up (an interpreter and the package's imports, ~0.15 s of CPU) costs beyond what
+# the auditing process does meanwhile (the schema, the snapshots' tags), in events replayed: the auditing
+# process, which starts walking at once, takes that many more of the runners' events.
+STARTUP_EVENTS = 10_000
+# Beyond this many runners the shares are not counted (a seek per runner, a round trip on a server) but hashed:
+# so many even out anyway.
+MAX_COUNTED_STREAMS = 2_000
 
 
 class Found(NamedTuple):
@@ -59,6 +71,31 @@ def share_of(stream: str, parts: int) -> int:
     return zlib.crc32(stream.encode("utf-8", "surrogatepass")) % parts
 
 
+def owners(counts: Mapping[str, int], parts: int, head_start: int = STARTUP_EVENTS) -> dict[str, int]:
+    """Each stream's share of `parts`, given its event count: the largest runner first to the share with the
+    fewest events so far, share 0 (the auditing process's) starting `head_start` events ahead of the others."""
+    loads = [(0 if part == 0 else head_start, part) for part in range(parts)]
+    heapq.heapify(loads)
+    found: dict[str, int] = {}
+    for stream, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        load, part = heapq.heappop(loads)
+        found[stream] = part
+        heapq.heappush(loads, (load + max(0, count), part))
+    return found
+
+
+def counted(store: EventStore) -> dict[str, int]:
+    """Each runner's event count (its last version: a seek each), for `owners`; empty when the runners are
+    too many to count or cannot be listed (then `share_of` shares them)."""
+    try:
+        streams = store.streams()
+        if len(streams) > MAX_COUNTED_STREAMS:
+            return {}
+        return {stream: store.backend.stream_version(stream) for stream in streams}
+    except (LifecycleError, TypeError, ValueError):  # text that does not decode: the walk names its seq
+        return {}
+
+
 def split(head: int, jobs: int, min_range: int = MIN_RANGE_EVENTS) -> list[tuple[int, int]]:
     """``[1, head]`` cut into at most `jobs` contiguous ranges of at least `min_range` events each."""
     if head <= 0:
@@ -84,12 +121,13 @@ def _ends(folds: dict[str, Fold]) -> Streams:
 
 def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[int, int] | None,
          share: tuple[int, int] | None, position: int | None, snapshot_seqs: Collection[int],
-         progress: Callable[[int], None] | None = None) -> Walked:
+         progress: Callable[[int], None] | None = None, owned: Mapping[str, int] | None = None) -> Walked:
     """Walk rows 1..`head` once (inside the caller's read transaction, for one view of the log).
 
     `chain_range`: the seqs whose links, hashes and times to check (None: none). `share`: ``(part,
-    parts)``, the runners to replay (None: all). `position`: capture the replayed runners as of this seq
-    (the read models'). `snapshot_seqs`: seqs after which to hand back the replayed state.
+    parts)``, the runners to replay (None: all): those `owned` gives to `part` (see `owners`), and of the
+    rest those `share_of` gives it. `position`: capture the replayed runners as of this seq (the read
+    models'). `snapshot_seqs`: seqs after which to hand back the replayed state.
     """
     first, last = chain_range if chain_range is not None else (1, 0)
     part, parts = share if share is not None else (0, 1)
@@ -97,20 +135,35 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
     folds: dict[str, Fold] = {}
     captured: Streams | None = {} if position == 0 else None
     at_snapshots: list[tuple[Row, RunnerState]] = []
-    mine: dict[str, bool] = {}
+    mine: dict[str, bool] = {stream: owner == part for stream, owner in (owned or {}).items()}
+    everyone = parts == 1
     kind = "read"
+    row: Row | None = None
     try:
         # Text that is not UTF-8, or a body beyond the bound, comes back as the IntegrityError of its row.
         for rows in store.backend.pages(after=0, stream=None, limit=head):
-            for row in rows:
-                kind = "chain"
-                check.row(row)
-                stream = row[1]
-                ours = mine.get(stream)
-                if ours is None:
-                    ours = mine[stream] = share_of(stream, parts) == part
-                if ours:
-                    kind = "rules"
+            # The page's chain first, then its rules: a walk stops at its first bad row, so the rows before a
+            # row the chain refuses are replayed before that refusal is raised.
+            kind = "chain"
+            start = check.expected
+            refused: Exception | None = None
+            try:
+                check.rows(rows)
+            except (IntegrityError, TypeError, AttributeError) as exc:
+                refused = exc
+                rows = rows[:check.expected - start]
+            kind = "rules"
+            # Contiguous seqs from `start` (the chain proved them): the read models' position is at an index.
+            cut = position - start + 1 if position is not None and start <= position < start + len(rows) else None
+            for piece, some in enumerate((rows,) if cut is None else (rows[:cut], rows[cut:])):
+                for row in some:
+                    stream = row[1]
+                    if not everyone:
+                        ours = mine.get(stream)
+                        if ours is None:
+                            ours = mine[stream] = share_of(stream, parts) == part
+                        if not ours:
+                            continue
                     folding = folds.get(stream)
                     if folding is None:
                         folding = folds[stream] = Fold()
@@ -124,30 +177,39 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
                         raise
                     except Exception as exc:  # a hostile body the rules did not foresee must not escape as a crash
                         raise _unforeseen(row, exc) from None
-                    if row[0] in snapshot_seqs:
+                    if snapshot_seqs and row[0] in snapshot_seqs:
                         state = folding.state()
                         assert state is not None
                         at_snapshots.append((row, state))
-                if row[0] == position:
+                if cut is not None and piece == 0:
                     captured = _ends(folds)
-                kind = "read"
+            kind = "chain"
+            if refused is not None:
+                raise refused
+            kind = "read"
             if progress is not None:
                 progress(check.expected - 1)
         kind = "chain"
         check.finish(head)
     except IntegrityError as exc:
         return Walked(Found(exc.seq, exc.stream, kind, exc.reason), _ends(folds), captured, at_snapshots,
-                      check.expected - 1)
+                      _counted(check, kind, row))
     except LifecycleError as exc:  # a store error mid-read: tie it to the row being read
         return Walked(Found(check.expected, None, "read", f"the row could not be read: {exc}"), _ends(folds),
                       captured, at_snapshots, check.expected - 1)
     except (TypeError, AttributeError) as exc:
         # A value of the wrong type (smuggled past STRICT, or read from a damaged page) in a row outside this
         # walker's chain range, whose `chain.link` would have named it: the row's seq is the one just counted.
-        return Walked(Found(check.expected - 1, None, "chain", f"a value of the row is not of the store's types "
-                                                               f"({exc})"),
-                      _ends(folds), captured, at_snapshots, check.expected - 1)
+        counted = _counted(check, kind, row)
+        return Walked(Found(counted, None, "chain", f"a value of the row is not of the store's types ({exc})"),
+                      _ends(folds), captured, at_snapshots, counted)
     return Walked(None, _ends(folds), captured, at_snapshots, check.expected - 1)
+
+
+def _counted(check: ChainCheck, kind: str, row: Row | None) -> int:
+    """How many rows a walk had counted when it stopped: up to the row it was replaying, else as far as its
+    chain check got."""
+    return row[0] if kind == "rules" and row is not None else check.expected - 1
 
 
 def _unforeseen(row: Row, exc: Exception) -> IntegrityError:
@@ -165,19 +227,60 @@ def open_for_audit(path: str, key: bytes | None) -> EventStore:
         raise
 
 
+# A worker's walk as it travels back: each state as its snapshot bytes (several times cheaper to make and
+# load than a pickle of the state), or the state itself when it has none.
+Sent = tuple[Found | None, dict[str, tuple[bytes | RunnerState, int, int]],
+             dict[str, tuple[bytes | RunnerState, int, int]] | None, list[tuple[Row, bytes | RunnerState]], int]
+
+
+def _sent_state(state: RunnerState) -> bytes | RunnerState:
+    try:
+        return encode_state(state)
+    except (TypeError, ValueError, OverflowError):  # what no snapshot could hold travels as it is
+        return state
+
+
+def _received_state(state: bytes | RunnerState) -> RunnerState:
+    return decode_state(state) if isinstance(state, bytes) else state
+
+
+def _sent_streams(streams: Streams) -> dict[str, tuple[bytes | RunnerState, int, int]]:
+    return {stream: (_sent_state(state), version, seq) for stream, (state, version, seq) in streams.items()}
+
+
+def _received_streams(streams: dict[str, tuple[bytes | RunnerState, int, int]]) -> Streams:
+    return {stream: (_received_state(state), version, seq) for stream, (state, version, seq) in streams.items()}
+
+
+def sent(walked: Walked) -> Sent:
+    """`walked` as a worker sends it back (see `received`)."""
+    problem, streams, captured, at_snapshots, rows = walked
+    return (problem, _sent_streams(streams), None if captured is None else _sent_streams(captured),
+            [(row, _sent_state(state)) for row, state in at_snapshots], rows)
+
+
+def received(result: Sent) -> Walked:
+    """The `Walked` a worker sent back (`sent`): its states as they were."""
+    problem, streams, captured, at_snapshots, rows = result
+    return Walked(problem, _received_streams(streams), None if captured is None else _received_streams(captured),
+                  [(row, _received_state(state)) for row, state in at_snapshots], rows)
+
+
 def walk_share(path: str, key: bytes | None, head: int, first: int, last: int, part: int, parts: int,
-               position: int | None, snapshot_seqs: Collection[int]) -> Walked:
+               position: int | None, snapshot_seqs: Collection[int],
+               owned: Mapping[str, int] | None = None) -> Sent:
     """One worker's walk (run by ``lifecycle_es.workers``): the chain over ``[first, last]``, the rules over
-    runner share `part` of `parts`."""
+    runner share `part` of `parts` (see `walk`), sent back as `sent` makes it (`received` reads it)."""
     try:
         store = open_for_audit(path, key)
     except (LifecycleError, OSError) as exc:
-        return Walked(Found(None, None, "read", f"a worker could not open the store: {exc}"), {}, None, [], 0)
+        return sent(Walked(Found(None, None, "read", f"a worker could not open the store: {exc}"), {}, None, [], 0))
     try:
         with store.backend.read_tx("audit a share of the log"):
-            return walk(store, key, head=head, chain_range=(first, last), share=(part, parts), position=position,
-                        snapshot_seqs=snapshot_seqs, progress=report_progress)
+            return sent(walk(store, key, head=head, chain_range=(first, last), share=(part, parts),
+                             position=position, snapshot_seqs=snapshot_seqs, progress=report_progress,
+                             owned=owned))
     except LifecycleError as exc:
-        return Walked(Found(first, None, "read", str(exc)), {}, None, [], 0)
+        return sent(Walked(Found(first, None, "read", str(exc)), {}, None, [], 0))
     finally:
         store.close()

@@ -10,6 +10,9 @@ result to stdout. Only functions of this package may be named, so a request cann
     with Workers("lifecycle_es.walk:walk_share", [args_1, args_2], progress=on_rows) as workers:
         results = workers.results()
 
+A caller with work of its own to do meanwhile sends the requests at once (`begin`), asks how far the
+workers got between its own steps (`poll`), and collects the results when it is done.
+
 Pickle is safe here because both ends are this package's own code in processes the parent started;
 nothing read from a store is unpickled.
 """
@@ -50,7 +53,7 @@ def _resolve(target: str) -> Callable[..., Any]:
 
 
 class _Worker:
-    __slots__ = ("done", "process", "progress_fd", "request", "rows")
+    __slots__ = ("buffer", "done", "process", "progress_fd", "request", "rows")
 
     def __init__(self, process: subprocess.Popen[bytes], progress_fd: int, request: bytes) -> None:
         self.process = process
@@ -58,6 +61,7 @@ class _Worker:
         self.request = request
         self.rows = 0
         self.done = False
+        self.buffer = b""
 
 
 class Workers:
@@ -73,6 +77,9 @@ class Workers:
         _resolve(target)  # refuse a bad target here, not in every worker
         self._progress = progress
         self._workers: list[_Worker] = []
+        self._outputs: dict[int, bytes] = {}
+        self._errors: dict[int, bytes] = {}
+        self._readers: list[threading.Thread] = []
         try:
             for call in calls:
                 self._workers.append(self._start(target, call))
@@ -109,6 +116,9 @@ class Workers:
             if worker.process.poll() is None:
                 worker.process.kill()
             worker.process.wait()
+        for reader in self._readers:
+            reader.join()
+        for worker in self._workers:
             for stream in (worker.process.stdin, worker.process.stdout, worker.process.stderr):
                 if stream is not None:
                     stream.close()
@@ -116,56 +126,81 @@ class Workers:
                 os.close(worker.progress_fd)
                 worker.progress_fd = -1
 
+    def begin(self) -> None:
+        """Send each worker its request now (`results` does it when nobody did), so that they work while the
+        caller does something else."""
+        if self._readers:
+            return
+        self._readers = [threading.Thread(target=self._drain, args=(index,), daemon=True)
+                         for index in range(len(self._workers))]
+        for reader in self._readers:
+            reader.start()
+
+    def poll(self) -> int:
+        """The smallest count of rows any worker reported so far, reading what they sent without waiting."""
+        for worker in self._workers:
+            while not worker.done and self._read_progress(worker):
+                pass
+        return min(worker.rows for worker in self._workers)
+
     def results(self) -> list[Any]:
         """Each worker's result, in the order of `calls`; WorkerError when one died or raised."""
-        outputs: dict[int, bytes] = {}
-        errors: dict[int, bytes] = {}
-        readers = [threading.Thread(target=self._drain, args=(index, outputs, errors), daemon=True)
-                   for index in range(len(self._workers))]
-        for reader in readers:
-            reader.start()
+        self.begin()
         self._watch_progress()
-        for reader in readers:
+        for reader in self._readers:
             reader.join()
         results = []
         for index, worker in enumerate(self._workers):
             code = worker.process.wait()
-            result = self._result(index, code, outputs.get(index, b""), errors.get(index, b""))
+            result = self._result(index, code, self._outputs.get(index, b""), self._errors.get(index, b""))
             results.append(result)
         return results
 
-    def _drain(self, index: int, outputs: dict[int, bytes], errors: dict[int, bytes]) -> None:
+    def _drain(self, index: int) -> None:
         worker = self._workers[index]
         # The request goes in through communicate, which also drains both outputs: no pipe fills up.
-        out, err = worker.process.communicate(worker.request)
-        outputs[index], errors[index] = out, err
+        try:
+            out, err = worker.process.communicate(worker.request)
+        except (OSError, ValueError):  # killed by `close` meanwhile: its result is not wanted
+            return
+        self._outputs[index], self._errors[index] = out, err
 
     def _watch_progress(self) -> None:
         selector = selectors.DefaultSelector()
         for worker in self._workers:
-            selector.register(worker.progress_fd, selectors.EVENT_READ, worker)
-        pending = len(self._workers)
-        buffers: dict[int, bytes] = {}
+            if not worker.done:
+                selector.register(worker.progress_fd, selectors.EVENT_READ, worker)
+        pending = len(selector.get_map())
         while pending:
             for key, _ in selector.select(timeout=0.5):
                 worker = key.data
-                try:
-                    data = os.read(worker.progress_fd, 4096)
-                except BlockingIOError:
+                if not self._read_progress(worker):
                     continue
-                if not data:
+                if worker.done:
                     selector.unregister(worker.progress_fd)
-                    worker.done = True
                     pending -= 1
                     continue
-                data = buffers.get(worker.progress_fd, b"") + data
-                whole = len(data) - len(data) % _COUNT.size
-                if whole:
-                    (worker.rows,) = _COUNT.unpack_from(data, whole - _COUNT.size)
-                buffers[worker.progress_fd] = data[whole:]
                 if self._progress is not None:
                     self._progress(min(w.rows for w in self._workers))
         selector.close()
+
+    @staticmethod
+    def _read_progress(worker: _Worker) -> bool:
+        """Read what `worker` sent on its progress pipe (its last whole count is its `rows`; an end of file
+        marks it `done`); False when nothing was there to read."""
+        try:
+            data = os.read(worker.progress_fd, 4096)
+        except BlockingIOError:
+            return False
+        if not data:
+            worker.done = True
+            return True
+        data = worker.buffer + data
+        whole = len(data) - len(data) % _COUNT.size
+        if whole:
+            (worker.rows,) = _COUNT.unpack_from(data, whole - _COUNT.size)
+        worker.buffer = data[whole:]
+        return True
 
     @staticmethod
     def _result(index: int, code: int, out: bytes, err: bytes) -> Any:

@@ -43,9 +43,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--html", metavar="OUT.html", help="also write the findings as one self-contained HTML page, "
                                                            "with the timeline drawn and the first problem marked on it")
     parser.add_argument("--jobs", type=int_at_least(1), default=os.cpu_count() or 1, metavar="N",
-                        help="worker processes, each checking a seq range of the chain and replaying a share of "
-                             "the runners (default: %(default)s, the CPUs; a log under 10,000 events a worker "
-                             "is audited in this process)")
+                        help="processes, this one and N - 1 workers, each checking a seq range of the chain and "
+                             "replaying a share of the runners (default: %(default)s, the CPUs; a log under 10,000 "
+                             "events a process is audited in this one alone)")
     parser.set_defaults(run=run)
 
 

@@ -27,7 +27,7 @@ from pg import Server
 import lifecycle_es
 from lifecycle_es import AuditReport, EventStore, InvalidInputError, LifecycleError, Problem, StoreKeyError, audit
 from lifecycle_es.backends import server_target
-from lifecycle_es.walk import MIN_RANGE_EVENTS
+from lifecycle_es.walk import MIN_RANGE_EVENTS, STARTUP_EVENTS, counted, open_for_audit, owners, share_of
 
 
 def digest(path: Path) -> str:
@@ -215,6 +215,34 @@ def test_jobs_from_a_plain_script_without_a_main_guard(long: str, tmp_path: Path
     assert done.stderr == ""
     ok, jobs, events = done.stdout.split()
     assert (ok, jobs) == ("True", "2") and int(events) >= 2 * MIN_RANGE_EVENTS
+
+
+def test_jobs_walk_one_part_here_and_start_a_worker_only_for_the_others(long: str) -> None:
+    # This process walks a part of its own while the workers walk the rest: two jobs, one worker process.
+    workers: list[int] = []
+    report = audit(long, jobs=2, progress=lambda done, total: workers.append(
+        sum("lifecycle_es.workers" in line for line in descendants_argv())))
+    assert report.ok and report.jobs == 2, report.problems
+    assert max(workers) == 1, workers
+    # The shares are cut by each runner's count of events (its last version).
+    with contextlib.closing(open_for_audit(long, None)) as store:
+        counts = counted(store)
+        assert sorted(counts) == store.streams() and sum(counts.values()) == store.head().seq == report.events
+
+
+def test_shares_are_balanced_by_events_not_by_a_hash_of_names() -> None:
+    counts = {"runner-a": 9_000, "runner-b": 6_000, "runner-c": 5_000, "runner-d": 1_000, "runner-e": 1_000}
+    shared = owners(counts, 2, head_start=0)
+    assert sorted(shared) == sorted(counts)
+    loads = [sum(count for stream, count in counts.items() if shared[stream] == part) for part in (0, 1)]
+    assert loads in ([11_000, 11_000], [10_000, 12_000], [12_000, 10_000]), loads
+    # This process's share (0) starts at once: the workers' shares start a worker's start-up behind it.
+    even = {f"runner-{n}": 1_000 for n in range(40)}
+    ahead = owners(even, 2)
+    here = sum(1_000 for stream in even if ahead[stream] == 0)
+    assert here - (40_000 - here) in range(STARTUP_EVENTS - 1_000, STARTUP_EVENTS + 1_001)
+    # A stream no share names is everyone's to place alike.
+    assert share_of("runner-x", 2) in (0, 1)
 
 
 def descendants_argv() -> list[str]:

@@ -40,6 +40,16 @@ def test_a_killed_worker_is_reported_not_trusted() -> None:
             workers.results()
 
 
+def test_begin_sends_the_requests_at_once_and_poll_does_not_wait() -> None:
+    # After `begin` a worker works while its caller does something else: it is done before `results` is called.
+    with Workers("lifecycle_es.canonical:iso_ms", [(0,), (1,)]) as workers:
+        workers.begin()
+        for worker in workers._workers:
+            assert worker.process.wait(timeout=60) == 0
+        assert workers.poll() == 0  # iso_ms reports no rows
+        assert workers.results() == ["1970-01-01T00:00:00.000Z", "1970-01-01T00:00:00.001Z"]
+
+
 def test_works_from_a_thread() -> None:
     found: list[object] = []
 
