@@ -263,7 +263,12 @@ class _KeyedDraft(RunnerDraft):
             del leases[candidate.id]
             self._count(candidate, -1)
         leases[lease.id] = lease
-        self._count(lease, 1)
+        if lease.status == "active":  # a grant, what the rules add: counted here, not by a _count call
+            self.active += 1
+            sessions, session = self.sessions, lease.session_id
+            sessions[session] = sessions.get(session, 0) + 1
+        else:
+            self._count(lease, 1)
 
     def replace_lease(self, old: Lease, new: Lease) -> None:
         self.leases[new.id] = new  # an existing key keeps its place

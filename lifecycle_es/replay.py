@@ -26,7 +26,7 @@ from .draft import RunnerDraft, is_keyed, thaw
 from .errors import IntegrityError, InvalidInputError, LifecycleError, StoreError, StoreKeyError
 from .events import Event, decode_recorded
 from .log import RecordedEvent
-from .runner import start, step, step_timed
+from .runner import RULES, start, step, step_timed
 from .state import RunnerState, decode_state, encode_state
 from .store import EventStore
 
@@ -163,13 +163,19 @@ class Fold:
         seq, stream, version, type_, at, body, _, digest = row
         event = decode_recorded(seq, stream, type_, body)
         draft = self._draft
-        # The hot path of every replay, `_step` spelled out: a time that is canonical and not before the
-        # runner's last one is proved here once, and the rules are stepped without proving it again.
+        # The hot path of every replay, `_step` and `step_timed` spelled out: a time that is canonical and
+        # not before the runner's last one is proved here once, and the event's rule is called directly
+        # when nothing is due before it (anything else, and every refusal, goes through `step_timed`).
         if draft is not None and self.steps != _KEY_AFTER:
             at_ms = canonical_ms(at)
             if at_ms is not None and at >= draft.last_at:
+                rule = RULES.get(type(event)) if draft.pending_park is None else None
                 try:
-                    step_timed(draft, event, at_ms, at)
+                    if rule is None:
+                        step_timed(draft, event, at_ms, at)
+                    else:
+                        rule(draft, event, at_ms, at)
+                        draft.last_at = at
                 except (LifecycleError, ValueError) as exc:
                     if isinstance(exc, IntegrityError):
                         raise
