@@ -143,12 +143,15 @@ class Fold:
     raised is not to be used again.
     """
 
-    __slots__ = ("_draft", "_folded", "hash", "seq", "steps", "version")
+    __slots__ = ("_draft", "_folded", "_folded_at", "hash", "seq", "steps", "version")
 
     def __init__(self, base: Folded = EMPTY) -> None:
         state, self.version, self.seq = base
         self._draft: RunnerDraft | None = thaw(state) if state is not None else None
-        self._folded: RunnerState | None = state  # the draft as a value, while nothing was folded since
+        # The draft as a value, and the steps folded when it was made: it holds while no event was folded since
+        # (told by the count, so that folding an event writes nothing more).
+        self._folded: RunnerState | None = state
+        self._folded_at = 0
         self.steps = 0
         self.hash: bytes | None = None
 
@@ -181,7 +184,6 @@ class Fold:
                         raise
                     raise IntegrityError(seq, f"{type_} breaks the rules: {exc}", stream=stream) from None
                 self.steps += 1
-                self._folded = None
                 self.seq = seq
                 self.version = version
                 self.hash = digest
@@ -213,13 +215,14 @@ class Fold:
         except (LifecycleError, ValueError) as exc:
             raise IntegrityError(seq, f"{type_} breaks the rules: {exc}", stream=stream) from None
         self.steps += 1
-        self._folded = None
         self.seq = seq
 
     def state(self) -> RunnerState | None:
         """The state folded so far, frozen (None before the stream's first event)."""
-        if self._folded is None and self._draft is not None:
+        if self._folded_at != self.steps:
+            assert self._draft is not None  # an event was folded into it
             self._folded = self._draft.freeze()
+            self._folded_at = self.steps
         return self._folded
 
     def folded(self) -> Folded:
