@@ -132,31 +132,47 @@ def canonical_ms(text: object) -> int | None:
     """Epoch milliseconds of `text` when it is a time in the one spelling the store writes (`iso_ms`'s:
     ``YYYY-MM-DDTHH:MM:SS.mmmZ``, between 1970 and 9999), else None.
 
-    The same answer as ``iso_ms(parse_iso_ms(text)) == text`` and the range check, several times cheaper:
-    a log's times share their seconds with their neighbours, so the date part is proved once per second
-    (`_canonical_seconds`, remembered) and the milliseconds are three ASCII digits.
+    The same answer as ``iso_ms(parse_iso_ms(text)) == text`` and the range check, several times cheaper
+    (every event replayed asks it of its time): the tail ``.mmmZ`` is one look-up among the thousand
+    spellings there are, and the date part, which a log's times share with their neighbours, is proved
+    once per second and remembered (`_SECONDS`).
     """
-    if type(text) is not str or len(text) != 24 or text[19] != "." or text[23] != "Z":
+    if type(text) is not str or len(text) != 24:
         return None
-    millis = text[20:23]
-    if not (millis.isdigit() and millis.isascii()):
+    millis = _MILLIS.get(text[19:])
+    if millis is None:
         return None
-    seconds = _canonical_seconds(text[:19])
-    return seconds * 1000 + int(millis) if seconds is not None else None
+    second = _SECONDS.get(text[:19])
+    if second is None:
+        second = _canonical_seconds(text[:19])
+    return second + millis if second >= 0 else None
 
 
-@functools.lru_cache(maxsize=_PARSED_CACHE)
-def _canonical_seconds(prefix: str) -> int | None:
-    """Epoch seconds of ``YYYY-MM-DDTHH:MM:SS`` when it is spelled as `iso_ms` spells that second, else None."""
+# Every ``.mmmZ`` tail there is, with its milliseconds (ASCII digits only: other digits are no spelling).
+_MILLIS = {f".{millis:03d}Z": millis for millis in range(1000)}
+# ``YYYY-MM-DDTHH:MM:SS`` prefixes proved, with the epoch milliseconds of their second (-1: not `iso_ms`'s
+# spelling of a second). A plain dict, emptied when full: a look-up costs a third of a cached call's.
+_SECONDS: dict[str, int] = {}
+
+
+def _canonical_seconds(prefix: str) -> int:
+    """Epoch milliseconds of the second ``YYYY-MM-DDTHH:MM:SS`` when it is spelled as `iso_ms` spells that
+    second, else -1; remembered in `_SECONDS`."""
     try:
         moment = datetime.fromisoformat(prefix + "+00:00")
     except ValueError:
-        return None
-    delta = moment - _EPOCH
-    seconds = delta.days * 86_400 + delta.seconds
-    if not 0 <= seconds <= MAX_EPOCH_MS // 1000 or delta.microseconds:
-        return None
-    return seconds if _second_text(seconds) == prefix else None
+        seconds = -1
+    else:
+        delta = moment - _EPOCH
+        seconds = delta.days * 86_400 + delta.seconds
+        # The spelling checked against the parsed moment's own (a strftime costs several times this).
+        if not 0 <= seconds <= MAX_EPOCH_MS // 1000 or delta.microseconds or moment.isoformat()[:19] != prefix:
+            seconds = -1
+    second = seconds * 1000 if seconds >= 0 else -1
+    if len(_SECONDS) >= _PARSED_CACHE:
+        _SECONDS.clear()
+    _SECONDS[prefix] = second
+    return second
 
 
 def parse_iso_ms(value: str) -> int:
@@ -190,8 +206,21 @@ def timestamp(value: object, field: str) -> str:
     the local time zone of whoever wrote the value.
     """
     if type(value) is str:
-        return _text_timestamp(value, field)
+        if value in KNOWN_TIMES:
+            return value
+        text = _text_timestamp(value, field)
+        if text == value:
+            _know(value)
+        return text
     return _timestamp(value, field)
+
+
+def _know(text: str) -> None:
+    millis = canonical_ms(text)
+    if millis is not None:
+        if len(KNOWN_TIMES) >= _PARSED_CACHE:
+            KNOWN_TIMES.clear()
+        KNOWN_TIMES[text] = millis
 
 
 def _timestamp(value: object, field: str) -> str:
@@ -215,6 +244,10 @@ def _timestamp(value: object, field: str) -> str:
     return _canonical_text(millis)
 
 
-# Every proxy authority decoded in a replay normalizes the same two strings; the answer for a string is
-# pure, so the last few thousand are remembered (errors are not: they are raised afresh each time).
+# The answer for a string is pure, so the last few thousand are remembered (errors are not: they are
+# raised afresh each time).
 _text_timestamp = functools.lru_cache(maxsize=_PARSED_CACHE)(_timestamp)
+KNOWN_TIMES: dict[str, int] = {}
+"""Strings `timestamp` found canonical, with their epoch milliseconds (the last few thousand; emptied when
+full). Every proxy authority a replay decodes holds two times that recur for each event it fronts: a
+look-up here spares both their normalizing (``ProxyAuthority``) and their parsing (``fences.check_fresh``)."""

@@ -17,6 +17,7 @@ snapshot could hold one) is only ever thawed shared, where each operation keeps 
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -210,17 +211,21 @@ class _SharedDraft(RunnerDraft):
 
 
 class _KeyedDraft(RunnerDraft):
-    __slots__ = ("active", "leases", "other", "parked", "sessions", "settled")
+    # `lease` is the leases dict's own `get`, bound whenever `leases` is set: the rules ask it once or twice
+    # an event, and a dict's method answers without a call into Python.
+    __slots__ = ("active", "lease", "leases", "other", "parked", "sessions", "settled")
+    lease: Callable[[str], Lease | None]  # type: ignore[assignment]
+    leases: dict[str, Lease]
 
     def __init__(self, state: RunnerState | None) -> None:
-        self.leases: dict[str, Lease] = {}
+        self._keep({})
         self.sessions: dict[str, int] = {}
         self.active = self.parked = self.settled = self.other = 0
         if state is not None:
             self._take(state)
             index = index_of(state)
             assert index.unique, "a state with duplicate lease ids is folded shared"
-            self.leases = {lease.id: lease for lease in state.leases}
+            self._keep({lease.id: lease for lease in state.leases})
             self.sessions = dict(index.sessions)
             self.active, self.parked, self.settled, self.other = index.active, index.parked, index.settled, index.other
 
@@ -240,8 +245,9 @@ class _KeyedDraft(RunnerDraft):
         else:
             self.other += step
 
-    def lease(self, lease_id: str) -> Lease | None:
-        return self.leases.get(lease_id)
+    def _keep(self, leases: dict[str, Lease]) -> None:
+        self.leases = leases
+        self.lease = leases.get
 
     def active_count(self) -> int:
         return self.active
@@ -263,7 +269,12 @@ class _KeyedDraft(RunnerDraft):
             del leases[candidate.id]
             self._count(candidate, -1)
         leases[lease.id] = lease
-        self._count(lease, 1)
+        if lease.status == "active":  # a grant, what the rules add: counted here, not by a _count call
+            self.active += 1
+            sessions, session = self.sessions, lease.session_id
+            sessions[session] = sessions.get(session, 0) + 1
+        else:
+            self._count(lease, 1)
 
     def replace_lease(self, old: Lease, new: Lease) -> None:
         self.leases[new.id] = new  # an existing key keeps its place
@@ -298,7 +309,7 @@ class _KeyedDraft(RunnerDraft):
 
     def keep_last(self, count: int) -> None:
         kept = tuple(self.leases.values())[-count:]
-        self.leases = {lease.id: lease for lease in kept}
+        self._keep({lease.id: lease for lease in kept})
         index = _LeaseIndex.of(kept)
         self.sessions = dict(index.sessions)
         self.active, self.parked, self.settled, self.other = index.active, index.parked, index.settled, index.other

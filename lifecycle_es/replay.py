@@ -26,7 +26,7 @@ from .draft import RunnerDraft, is_keyed, thaw
 from .errors import IntegrityError, InvalidInputError, LifecycleError, StoreError, StoreKeyError
 from .events import Event, decode_recorded
 from .log import RecordedEvent
-from .runner import start, step, step_timed
+from .runner import RULES, start, step, step_timed
 from .state import RunnerState, decode_state, encode_state
 from .store import EventStore
 
@@ -143,12 +143,15 @@ class Fold:
     raised is not to be used again.
     """
 
-    __slots__ = ("_draft", "_folded", "hash", "seq", "steps", "version")
+    __slots__ = ("_draft", "_folded", "_folded_at", "hash", "seq", "steps", "version")
 
     def __init__(self, base: Folded = EMPTY) -> None:
         state, self.version, self.seq = base
         self._draft: RunnerDraft | None = thaw(state) if state is not None else None
-        self._folded: RunnerState | None = state  # the draft as a value, while nothing was folded since
+        # The draft as a value, and the steps folded when it was made: it holds while no event was folded since
+        # (told by the count, so that folding an event writes nothing more).
+        self._folded: RunnerState | None = state
+        self._folded_at = 0
         self.steps = 0
         self.hash: bytes | None = None
 
@@ -163,19 +166,24 @@ class Fold:
         seq, stream, version, type_, at, body, _, digest = row
         event = decode_recorded(seq, stream, type_, body)
         draft = self._draft
-        # The hot path of every replay, `_step` spelled out: a time that is canonical and not before the
-        # runner's last one is proved here once, and the rules are stepped without proving it again.
+        # The hot path of every replay, `_step` and `step_timed` spelled out: a time that is canonical and
+        # not before the runner's last one is proved here once, and the event's rule is called directly
+        # when nothing is due before it (anything else, and every refusal, goes through `step_timed`).
         if draft is not None and self.steps != _KEY_AFTER:
             at_ms = canonical_ms(at)
             if at_ms is not None and at >= draft.last_at:
+                rule = RULES.get(type(event)) if draft.pending_park is None else None
                 try:
-                    step_timed(draft, event, at_ms, at)
+                    if rule is None:
+                        step_timed(draft, event, at_ms, at)
+                    else:
+                        rule(draft, event, at_ms, at)
+                        draft.last_at = at
                 except (LifecycleError, ValueError) as exc:
                     if isinstance(exc, IntegrityError):
                         raise
                     raise IntegrityError(seq, f"{type_} breaks the rules: {exc}", stream=stream) from None
                 self.steps += 1
-                self._folded = None
                 self.seq = seq
                 self.version = version
                 self.hash = digest
@@ -207,13 +215,14 @@ class Fold:
         except (LifecycleError, ValueError) as exc:
             raise IntegrityError(seq, f"{type_} breaks the rules: {exc}", stream=stream) from None
         self.steps += 1
-        self._folded = None
         self.seq = seq
 
     def state(self) -> RunnerState | None:
         """The state folded so far, frozen (None before the stream's first event)."""
-        if self._folded is None and self._draft is not None:
+        if self._folded_at != self.steps:
+            assert self._draft is not None  # an event was folded into it
             self._folded = self._draft.freeze()
+            self._folded_at = self.steps
         return self._folded
 
     def folded(self) -> Folded:

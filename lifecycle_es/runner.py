@@ -21,12 +21,13 @@ completed reclaim. The log itself keeps every lease forever.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 
-from .canonical import canonical_ms, parse_iso_ms, receipt_digest, timestamp
+from .canonical import KNOWN_TIMES, canonical_ms, parse_iso_ms, receipt_digest, timestamp
 from .draft import RunnerDraft, new_draft, thaw
 from .errors import AuthorityError, InvalidInputError, LifecycleError, StaleFenceError
 from .events import (
@@ -49,6 +50,8 @@ from .events import (
 from .fences import (
     DRAIN_NOT_READY,
     HOOK_STALE,
+    MAX_PROXY_AGE_MS,
+    MAX_PROXY_SKEW_MS,
     WAY_BACK,
     WAY_TO_PARK,
     bound_to,
@@ -62,7 +65,7 @@ from .fences import (
     stale_generation,
     stale_state,
 )
-from .host_rules import fenced, host_lease_acquired
+from .host_rules import check_host_token, fenced, host_lease_acquired
 from .state import Drain, Lease, ProxyRef, RunnerState
 from .units import UNIT_HANDLERS, forget_start
 from .values import DIGEST_RE, ID_RE, ProxyAuthority, Resources, safe_digest, safe_id, safe_path, safe_target, shown
@@ -198,46 +201,61 @@ def _bound(draft: RunnerDraft, proxy: ProxyAuthority) -> ProxyRef:
 
 
 def _lease_acquired(draft: RunnerDraft, event: LeaseAcquired, at_ms: int, at: str) -> None:
+    # Half the events of a log: each value read once into a local, each check a test whose message is made
+    # only when it fails (the same checks, in the same order, as the lifecycle's commands run).
     proxy = event.proxy_authority
-    check_fresh(proxy, at_ms)  # first: a stale authority is refused before any fence, whatever else is wrong
-    if draft.state != "accepting":
-        raise stale_state(NOT_ACCEPTING, draft.state, "leases are granted only while it is accepting"
-                          f"{WAY_BACK.get(draft.state, '')}")
-    if draft.generation != event.lease_generation:
-        raise stale_generation(NOT_ACCEPTING, "expected_generation", event.lease_generation, draft.generation)
-    if draft.session_active(event.session_id):
+    # First: a stale authority is refused before any fence, whatever else is wrong. `check_fresh`'s test, its
+    # call spared when the authority passes: its times were made canonical when it was decoded, and recur.
+    issued_ms, expires_ms = KNOWN_TIMES.get(proxy.issued_at), KNOWN_TIMES.get(proxy.expires_at)
+    if (issued_ms is None or expires_ms is None or issued_ms > at_ms + MAX_PROXY_SKEW_MS
+            or at_ms - issued_ms > MAX_PROXY_AGE_MS or expires_ms <= at_ms):
+        check_fresh(proxy, at_ms)
+    state = draft.state
+    if state != "accepting":
+        raise stale_state(NOT_ACCEPTING, state, "leases are granted only while it is accepting"
+                          f"{WAY_BACK.get(state, '')}")
+    generation = event.lease_generation
+    if draft.generation != generation:
+        raise stale_generation(NOT_ACCEPTING, "expected_generation", generation, draft.generation)
+    lease_id, session_id = event.lease_id, event.session_id
+    if draft.session_active(session_id):
         raise StaleFenceError(f"execution location session already has an active lease: session "
-                              f"{named(event.session_id)} holds {session_lease(draft, event.session_id)} (settle "
+                              f"{named(session_id)} holds {session_lease(draft, session_id)} (settle "
                               "or park it first)")
-    bound = draft.proxy_authority
-    if bound.id not in ("unbound", proxy.id):
-        raise AuthorityError(f"execution location proxy authority identity drifted: proxy_authority.id {proxy.id} "
+    bound, proxy_id, revision = draft.proxy_authority, proxy.id, proxy.revision
+    if bound.id != proxy_id and bound.id != "unbound":
+        raise AuthorityError(f"execution location proxy authority identity drifted: proxy_authority.id {proxy_id} "
                              f"is not the runner's {bound.id} (a runner keeps the proxy id its first lease bound)")
-    if proxy.revision < bound.revision:
+    if revision < bound.revision:
         raise AuthorityError(f"execution location proxy authority revision rolled back: proxy_authority.revision "
-                             f"{proxy.revision} is below the runner's {bound.revision} (get an authority of revision "
+                             f"{revision} is below the runner's {bound.revision} (get an authority of revision "
                              f"{bound.revision} or newer)")
     # safe_id's test, its call spared when the value passes (the checks run for every event replayed).
-    if type(event.lease_id) is not str or _ID_MATCH(event.lease_id) is None:
-        safe_id(event.lease_id, "lease_id")
-    if type(event.session_id) is not str or _ID_MATCH(event.session_id) is None:
-        safe_id(event.session_id, "session_id")
-    expires_ms = _canonical(event.expires_at, "expires_at")
-    if event.issued_at != at:
-        raise InvalidInputError("ttl_ms", f"lease ttl_ms is invalid: issued_at {named(event.issued_at)} is not the "
+    if type(lease_id) is not str or _ID_MATCH(lease_id) is None:
+        safe_id(lease_id, "lease_id")
+    if type(session_id) is not str or _ID_MATCH(session_id) is None:
+        safe_id(session_id, "session_id")
+    expires_at = event.expires_at
+    expires_ms = canonical_ms(expires_at)
+    if expires_ms is None:
+        expires_ms = _canonical(expires_at, "expires_at")
+    issued_at = event.issued_at
+    if issued_at != at:
+        raise InvalidInputError("ttl_ms", f"lease ttl_ms is invalid: issued_at {named(issued_at)} is not the "
                                           f"time of its event, {at} (a lease's ttl runs from its grant)")
     ttl = expires_ms - at_ms
     if not MIN_TTL_MS <= ttl <= MAX_TTL_MS:
         raise InvalidInputError("ttl_ms", f"lease ttl_ms is invalid: {ttl} is outside {MIN_TTL_MS}..{MAX_TTL_MS}")
-    taken = draft.lease(event.lease_id)
+    taken = draft.lease(lease_id)
     if taken is not None:
-        raise StaleFenceError(f"execution location lease id is already taken: lease {event.lease_id} is the "
+        raise StaleFenceError(f"execution location lease id is already taken: lease {lease_id} is the "
                               f"runner's {taken.status} lease of session {taken.session_id} (random_id must give "
                               "each lease a new id)")
-    draft.add_lease(Lease(id=event.lease_id, session_id=event.session_id, generation=event.lease_generation,
-                          issued_at=event.issued_at, expires_at=event.expires_at, status="active"),
+    draft.add_lease(Lease(id=lease_id, session_id=session_id, generation=generation, issued_at=issued_at,
+                          expires_at=expires_at, status="active"),
                     MAX_RETAINED_LEASES)
-    draft.proxy_authority = _bound(draft, proxy)
+    if bound.id != proxy_id or bound.revision != revision:  # `_bound`, its call spared when the runner's is kept
+        draft.proxy_authority = ProxyRef(id=proxy_id, revision=revision)
     draft.updated_at = at
 
 
@@ -286,12 +304,20 @@ def _drain_requested(draft: RunnerDraft, event: DrainRequested, at_ms: int, at: 
 
 
 def _lease_settled(draft: RunnerDraft, event: LeaseSettled, at_ms: int, at: str) -> None:
-    if type(event.result_digest) is not str or _DIGEST_MATCH(event.result_digest) is None:
-        safe_digest(event.result_digest, "result_digest")
-    lease = held_lease(draft, event.lease_id, event.lease_generation, SETTLE_STALE, "a lease ends once")
+    # Half the events of a log: the host token check (`host_rules.fenced`, which `_HANDLERS` leaves to this
+    # rule) and `held_lease` are called only when their tests, made here first, fail.
+    if event.host_token is not UNSET or draft.host_token:
+        check_host_token(draft, event)
+    digest = event.result_digest
+    if type(digest) is not str or _DIGEST_MATCH(digest) is None:
+        safe_digest(digest, "result_digest")
+    lease_id, generation = event.lease_id, event.lease_generation
+    lease = draft.lease(lease_id) if type(lease_id) is str else None
+    if lease is None or lease.status != "active" or lease.generation != generation:
+        lease = held_lease(draft, lease_id, generation, SETTLE_STALE, "a lease ends once")
     if draft.units_starting:
         forget_start(draft, lease.id)
-    draft.replace_lease(lease, _replace(lease, status="settled", result_digest=event.result_digest))
+    draft.replace_lease(lease, _replace(lease, status="settled", result_digest=digest))
     draft.updated_at = at
     draft.pending_park = "drain-settled" if draft.state == "draining" and draft.active_count() == 0 else None
 
@@ -421,5 +447,12 @@ _RULES: dict[type[Event], Callable[[RunnerDraft, Any, int, str], None]] = {
     HostLeaseAcquired: host_lease_acquired,
     **UNIT_HANDLERS,
 }
-# A host event is checked against the runner's host lease token before its own rule.
-_HANDLERS = {kind: fenced(rule) if kind in FENCED_EVENTS else rule for kind, rule in _RULES.items()}
+# A host event is checked against the runner's host lease token before its own rule (the rules of
+# `_CHECKING_TOKEN` check it first themselves).
+_CHECKING_TOKEN = frozenset({LeaseSettled})
+_HANDLERS = {kind: fenced(rule) if kind in FENCED_EVENTS and kind not in _CHECKING_TOKEN else rule
+             for kind, rule in _RULES.items()}
+RULES: Mapping[type[Event], Callable[[RunnerDraft, Any, int, str], None]] = _HANDLERS
+"""The rule `step_timed` calls for each kind of event (the host token check included for host events), for a
+replay that calls it directly: only on a draft with no park due (`step_timed` refuses any event but the
+RunnerParked then), with `at` proved as `step_timed` requires, and setting ``draft.last_at = at`` after it."""

@@ -14,12 +14,12 @@ from typing import Any
 
 import msgspec
 
-from .canonical import timestamp
+from .canonical import KNOWN_TIMES, timestamp
 from .errors import InvalidInputError
 
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,255}")
-_ID_MATCH = ID_RE.fullmatch
 DIGEST_RE = re.compile(r"sha256:[a-f0-9]{64}")
+_force_setattr = msgspec.structs.force_setattr
 TARGETS = ("local", "wsl", "ssh", "container")
 MAX_SAFE_INTEGER = 2**53 - 1
 MAX_PATH_CHARS = 4096
@@ -120,6 +120,12 @@ class Resources(msgspec.Struct, frozen=True, kw_only=True):
         return cls(cpu_seconds=data["cpu_seconds"], memory_bytes=data["memory_bytes"])
 
 
+# Proxy ids `safe_id` passed (the last few thousand): a runner's authority is decoded again for every event
+# it fronts, and a look-up costs a fifth of the pattern's match.
+_PROXY_IDS: set[str] = set()
+_PROXY_IDS_KEPT = 4096
+
+
 class ProxyAuthority(msgspec.Struct, frozen=True, kw_only=True):
     """The proxy authority fronting a runner: its id, revision, and when it was issued and expires.
 
@@ -135,13 +141,21 @@ class ProxyAuthority(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         # Each check's test first, its call (and message) only for a value that fails it: every authority a
         # replay decodes passes through here.
-        if type(self.id) is not str or _ID_MATCH(self.id) is None:
-            safe_id(self.id, "proxy_authority.id")
+        proxy_id = self.id
+        if type(proxy_id) is not str or proxy_id not in _PROXY_IDS:
+            safe_id(proxy_id, "proxy_authority.id")
+            if len(_PROXY_IDS) >= _PROXY_IDS_KEPT:
+                _PROXY_IDS.clear()
+            _PROXY_IDS.add(proxy_id)
         if type(self.revision) is not int or not 1 <= self.revision <= MAX_SAFE_INTEGER:
             safe_int(self.revision, "proxy_authority.revision", 1)
-        # An aware datetime becomes the canonical string, so equal authorities compare and hash alike.
-        msgspec.structs.force_setattr(self, "issued_at", timestamp(self.issued_at, "proxy_authority.issued_at"))
-        msgspec.structs.force_setattr(self, "expires_at", timestamp(self.expires_at, "proxy_authority.expires_at"))
+        # An aware datetime becomes the canonical string, so equal authorities compare and hash alike. A string
+        # `timestamp` already found canonical is its own normal form: nothing to set.
+        issued, expires = self.issued_at, self.expires_at
+        if type(issued) is not str or issued not in KNOWN_TIMES:
+            _force_setattr(self, "issued_at", timestamp(issued, "proxy_authority.issued_at"))
+        if type(expires) is not str or expires not in KNOWN_TIMES:
+            _force_setattr(self, "expires_at", timestamp(expires, "proxy_authority.expires_at"))
 
     @classmethod
     def coerce(cls, value: object, field: str = "proxy_authority") -> ProxyAuthority:

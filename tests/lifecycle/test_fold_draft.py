@@ -20,7 +20,18 @@ from hypothesis import strategies as st
 from lifecycle_es import IntegrityError, LifecycleError, RunnerCapacityError
 from lifecycle_es import runner as rules
 from lifecycle_es.canonical import iso_ms, parse_iso_ms
-from lifecycle_es.events import Event, LeaseAcquired, LeaseSettled, RunnerInitialized, encode, type_of
+from lifecycle_es.events import (
+    FENCED_EVENTS,
+    Event,
+    HostLeaseAcquired,
+    LeaseAcquired,
+    LeaseSettled,
+    RunnerInitialized,
+    UnitRecord,
+    decode,
+    encode,
+    type_of,
+)
 from lifecycle_es.log import RecordedEvent
 from lifecycle_es.receipts import project
 from lifecycle_es.replay import EMPTY, Fold, Folded
@@ -227,3 +238,83 @@ def test_with_a_small_retention_a_fold_and_apply_agree_on_every_log(log: list[tu
             assert_same(fold.state(), state)
     finally:
         rules.MAX_RETAINED_LEASES, rules.RETAINED_AFTER_RECLAIM = saved
+
+
+# --- the row path (`Fold.add_row`: every replay of the log) against `apply` ---------------------------
+# `add_row` proves a row's time once and calls each event's rule directly when no park is due, and the
+# hot rules test before they call (`check_fresh`, `held_lease`, the host token check); these hold that
+# path to `apply` on every log the model writes and every way the model breaks one.
+
+
+def rows(log: list[tuple[int, Event]]) -> list[tuple[int, str, int, str, str, bytes, bytes, bytes]]:
+    return [(event.seq, event.stream, event.version, event.type, event.at, event.body, event.prev, event.hash)
+            for event in recorded(log)]
+
+
+@SETTINGS
+@given(log=event_logs(max_commands=60), every=st.integers(1, 50))
+def test_a_fold_of_rows_equals_apply_after_every_event(log: list[tuple[int, Event]], every: int) -> None:
+    folding, state = Fold(), None
+    for position, row in enumerate(rows(log), 1):
+        state = apply(state, decode(row[5]), at_ms(row[4]), row[4])
+        folding.add_row(row)
+        if position % every == 0:
+            assert_same(folding.state(), state)
+    assert_same(folding.state(), state)
+    assert folding.folded() == Folded(state, len(log), len(log))
+
+
+@SETTINGS
+@given(broken=invalid_event_logs(max_commands=40))
+def test_a_fold_of_rows_refuses_a_broken_log_at_the_same_event_as_apply(
+        broken: tuple[list[tuple[int, Event]], int]) -> None:
+    log, index = broken
+    state = None
+    with pytest.raises(LifecycleError) as applied:
+        for _, event in log:
+            state = apply(state, event, at_ms(iso_ms(_)), iso_ms(_))
+    folding = Fold()
+    with pytest.raises(IntegrityError) as folded:
+        for row in rows(log):
+            folding.add_row(row)
+    assert folded.value.seq == index + 1
+    assert str(applied.value) in str(folded.value)
+
+
+@pytest.mark.parametrize("kind", sorted(FENCED_EVENTS, key=lambda kind: kind.__name__))
+@pytest.mark.parametrize(("token", "words"), [(3, "host lease token 3 is stale"), (9, "9 is above 5"),
+                                             ("5", "'5' is not an int")])
+def test_every_host_event_is_held_to_the_host_token_before_its_own_rule(kind: type[Event], token: object,
+                                                                         words: str) -> None:
+    # A runner whose host lease was taken with token 5, and a host event of any kind carrying another token:
+    # refused for the token (the first check), whatever else the event holds, by `apply` and by the rows.
+    taken = HostLeaseAcquired(holder="host-a", token=5, ttl_ms=10_000)
+    required = kind.__struct_fields__[:len(kind.__struct_fields__) - len(kind.__struct_defaults__)]
+    event = kind(**{name: _filler(name) for name in required}, host_token=token)  # type: ignore[arg-type]
+    log = [(AT, INITIALIZED), (AT, acquire(1)), (AT, taken), (AT, event)]
+    state = None
+    with pytest.raises(LifecycleError, match=words) as applied:
+        for _, each in log:
+            state = apply(state, each, AT, iso_ms(AT))
+    folding = Fold()
+    with pytest.raises(IntegrityError) as folded:
+        for each in recorded(log):
+            folding.add(each)
+    assert folded.value.seq == 4 and str(applied.value) in str(folded.value)
+    if type(token) is int:  # a body holds no other (its decoding refuses one)
+        folding = Fold()
+        with pytest.raises(IntegrityError) as folded:
+            for row in rows(log):
+                folding.add_row(row)
+        assert folded.value.seq == 4 and str(applied.value) in str(folded.value)
+
+
+def _filler(name: str) -> object:
+    """A value for a field of a host event: lease-1's where it names a lease, else a plain one of its type."""
+    values: dict[str, object] = {"lease_id": "lease-1", "lease_generation": 1, "result_digest": DIGEST,
+                                 "reason": "lost-poll", "lease_ids": ("lease-1",), "deadline_at": iso_ms(AT),
+                                 "cause": "lease-parked", "generation": 2, "mode": "child", "run_dir": "/srv/r/u",
+                                 "signal": "SIGTERM", "code": 0, "outcome": "settled", "wake_at": AT}
+    if name == "handle":
+        return UnitRecord(mode="child", host="host-a", boot_id="boot-1", run_dir="/srv/r/u", pid=42, start_ticks=7)
+    return values[name]
