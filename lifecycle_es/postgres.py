@@ -520,10 +520,6 @@ class _ServerTransaction:
             cursor.nextset()
             cursor.nextset()
             locked = cursor.fetchone()
-            versions: dict[str, int] = {}
-            if streams:
-                cursor.nextset()
-                versions = {str(stream): int(version or 0) for stream, version in cursor.fetchall()}
         except psycopg.Error as exc:
             self._abandon()
             if isinstance(exc, psycopg.errors.UndefinedTable):
@@ -539,7 +535,7 @@ class _ServerTransaction:
         # The head as the locked row holds it: each write is checked against the last event by advance_head,
         # so a head row edited by hand fails there.
         backend._head = (int(locked[1]), bytes(locked[2]) if locked[2] is not None else None, locked[3])
-        backend._versions = versions
+        backend._versions = dict(zip(streams, locked[4], strict=True))
         backend._batch, backend._block, backend._failed = [], None, False
         backend._writing = True
         return conn
@@ -587,14 +583,9 @@ class _Statements:
     """The backend's statements, with the store's schema in place (a checked identifier)."""
 
     def begin(self, streams: Sequence[str]) -> str:
-        """BEGIN, the lock, the head and the store's id, then the versions of `streams` (ids: their text
-        needs no quoting), as one simple query."""
-        if not streams:
-            return self.begin_lock
-        if len(streams) == 1:
-            return f"{self.begin_lock}; {self.version_of.format(streams[0])}"
-        names = ",".join(f"'{stream}'" for stream in streams)
-        return f"{self.begin_lock}; {self.versions_of.format(names)}"
+        """BEGIN, the lock, then the store's id, the head and the versions of `streams` (ids: their text
+        needs no quoting) by ``tail_of``, as one simple query."""
+        return self.begin_lock.format(",".join(f"'{stream}'" for stream in streams))
 
     def __init__(self, schema: str) -> None:
         s = schema
@@ -610,11 +601,7 @@ class _Statements:
         # a WAL record, measured here at twice the server's time. Each statement after the lock takes its own
         # snapshot, so it sees every commit made before the lock was had.
         self.begin_lock = (f"BEGIN ISOLATION LEVEL READ COMMITTED; LOCK TABLE {s}.head IN EXCLUSIVE MODE;"
-                           f" SELECT (SELECT value FROM {s}.meta WHERE key = 'store_id'), seq, hash, at FROM {s}.head")
-        self.versions_of = (f"SELECT n.stream, (SELECT e.version FROM {s}.events e WHERE e.stream = n.stream"
-                            " ORDER BY e.version DESC LIMIT 1) FROM unnest(ARRAY[{}]::text[]) AS n(stream)")
-        self.version_of = (f"SELECT '{{0}}', (SELECT version FROM {s}.events WHERE stream = '{{0}}'"
-                           " ORDER BY version DESC LIMIT 1)")
+                           f" SELECT * FROM {s}.tail_of(ARRAY[{{}}]::text[])")
         self.head = f"SELECT seq FROM {s}.head"
         self.last = f"SELECT seq, hash, at FROM {s}.events ORDER BY seq DESC LIMIT 1"
         self.stream_version = f"SELECT version FROM {s}.events WHERE stream = %s ORDER BY version DESC LIMIT 1"

@@ -83,17 +83,36 @@ _APPEND_ONE = (
     "BEGIN "
     "INSERT INTO {s}.events (seq, stream, version, type, at, body, prev, hash) "
     "VALUES (a_seq, a_stream, a_version, a_type, a_at, a_body, a_prev, a_hash); "
-    # advance_head's proof for one row in one index scan: the row is there with its hash, the one before
-    # it with the hash it links to, and none after it. advance_head is called only to say what failed.
-    "SELECT count(*) FILTER (WHERE e.seq = a_seq AND e.hash = a_hash), "
-    "count(*) FILTER (WHERE e.seq = a_seq - 1 AND e.hash = a_prev), max(e.seq) INTO here, before, top "
-    "FROM {s}.events e WHERE e.seq >= a_seq - 1; "
+    # advance_head's proof for one row in two index probes: the row is there with its hash, the one
+    # before it with the hash it links to, and none after it (the log's last seq, read backwards from the
+    # end of the index). Both plans stay index plans as the function's generic ones, at any size of the
+    # log. advance_head is called only to say what failed.
+    "SELECT (SELECT max(t.seq) FROM {s}.events t), count(*) FILTER (WHERE e.seq = a_seq AND e.hash = a_hash), "
+    "count(*) FILTER (WHERE e.seq = a_seq - 1 AND e.hash = a_prev) INTO top, here, before "
+    "FROM {s}.events e WHERE e.seq BETWEEN a_seq - 1 AND a_seq; "
     "IF here <> 1 OR top <> a_seq OR (a_seq > 1 AND before <> 1) THEN "
     "PERFORM {s}.advance_head(a_seq, a_prev, a_seq, a_hash, a_at); END IF; "
     "UPDATE {s}.head SET seq = a_seq, hash = a_hash, at = a_at; "
     "IF channel IS NOT NULL THEN PERFORM pg_notify(channel, a_seq::text); END IF; "
     "END"
 )
+# A writer's read once the head table is locked: the store's id, the head, and the last version of each
+# stream named (0 for none), in order. A function so that its queries' plans are the session's, not made
+# anew for each transaction; volatile, so each query takes a snapshot of its own after the lock.
+_TAIL_OF = (
+    "DECLARE a_name text; a_version bigint; "
+    "BEGIN "
+    "SELECT m.value INTO o_store_id FROM {s}.meta m WHERE m.key = 'store_id'; "
+    "SELECT h.seq, h.hash, h.at INTO o_seq, o_hash, o_at FROM {s}.head h; "
+    "o_versions := '{{}}'; "
+    "FOREACH a_name IN ARRAY names LOOP "
+    "SELECT e.version INTO a_version FROM {s}.events e WHERE e.stream = a_name ORDER BY e.version DESC LIMIT 1; "
+    "o_versions := o_versions || coalesce(a_version, 0); "
+    "END LOOP; "
+    "END"
+)
+_TAIL_OF_ARGS = ("names text[], OUT o_store_id bytea, OUT o_seq bigint, OUT o_hash bytea, OUT o_at text, "
+                 "OUT o_versions bigint[]")
 _APPEND_ONE_ARGS = ("a_seq bigint, a_stream text, a_version bigint, a_type text, a_at text, a_body bytea, "
                     "a_prev bytea, a_hash bytea, channel text")
 
@@ -127,6 +146,7 @@ def statements(schema: str) -> list[str]:
         f" AS $body${_APPEND.format(s=s)}$body$",
         f"CREATE FUNCTION {s}.append_one({_APPEND_ONE_ARGS}) RETURNS void LANGUAGE plpgsql"
         f" AS $body${_APPEND_ONE.format(s=s)}$body$",
+        f"CREATE FUNCTION {s}.tail_of({_TAIL_OF_ARGS}) LANGUAGE plpgsql AS $body${_TAIL_OF.format(s=s)}$body$",
     ]
 
 
@@ -165,7 +185,8 @@ def _functions(schema: str) -> set[tuple[str, str, str, bool]]:
             ("advance_head", "first_seq bigint, first_prev bytea, last_seq bigint, last_hash bytea, last_at text",
              _ADVANCE.format(s=schema), False),
             ("append_rows", _APPEND_ARGS, _APPEND.format(s=schema), False),
-            ("append_one", _APPEND_ONE_ARGS, _APPEND_ONE.format(s=schema), False)}
+            ("append_one", _APPEND_ONE_ARGS, _APPEND_ONE.format(s=schema), False),
+            ("tail_of", _TAIL_OF_ARGS, _TAIL_OF.format(s=schema), False)}
 
 
 def writer_grants(schema: str, role: str) -> list[str]:
@@ -186,6 +207,7 @@ def writer_grants(schema: str, role: str) -> list[str]:
         f" bytea[], text) TO {role}",
         f"GRANT EXECUTE ON FUNCTION {s}.append_one(bigint, text, bigint, text, text, bytea, bytea, bytea, text)"
         f" TO {role}",
+        f"GRANT EXECUTE ON FUNCTION {s}.tail_of(text[]) TO {role}",
     ]
 
 
