@@ -227,6 +227,16 @@ class BackendContract:
         with backend.write("append"):
             assert backend.tail("a") == (2, 2, kept[0][7], kept[0][4])
 
+    def test_rows_keep_every_byte_of_their_text_and_bodies(self) -> None:
+        # Streams the store would refuse still go in and come back as written (a backend stores, never
+        # judges): quotes, backslashes, braces, a comma, and a stream spelled NULL, in one batch.
+        backend, log = self.connect(), LogRows()
+        rows = log.next('we"ird', "back\\slash", "{brace,comma}", "NULL", "NULL")
+        rows = [(*row[:5], bytes(range(256)) + row[5], *row[6:]) for row in rows]
+        commit(backend, rows)
+        assert flat(backend.pages(after=0, stream=None)) == rows
+        assert backend.tail("NULL")[:2] == (2, 5) and backend.stream_version('we"ird') == 1
+
     def test_a_block_that_only_appended_then_raised_is_undone_alone(self) -> None:
         # No statement of its own: a server backend may have kept its rows back; either way they are gone, the
         # head and versions it moved are put back, and the next block appends the same seqs.
