@@ -26,7 +26,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 
@@ -35,7 +35,6 @@ from .backends import ServerTarget
 from .errors import (
     IntegrityError,
     StoreBehindSealError,
-    StoreError,
     StoreFencedError,
     StoreFormatError,
     StoreIOError,
@@ -44,7 +43,6 @@ from .postgres_errors import translated, translation
 from .postgres_read_models import ServerReadModelTables
 from .postgres_savepoint import ServerSavepoint, send_deferred
 from .postgres_schema import (
-    ROW_COLUMNS,
     check_format,
     check_settings,
     connect,
@@ -52,9 +50,8 @@ from .postgres_schema import (
     schema_problems,
     store_exists,
 )
-from .values import ID_RE
-
-CHANNEL_PREFIX = "lifecycle_es_"
+from .postgres_statements import CHANNEL_PREFIX, Statements
+from .postgres_write import CHUNK_BYTES, SMALL_APPEND_ROWS, ServerTransaction, array_literals, chunks
 
 
 class PostgresBackend(ServerReadModelTables):
@@ -88,7 +85,7 @@ class PostgresBackend(ServerReadModelTables):
         self._block: ServerSavepoint | None = None
         self._failed = False
         self._listener: psycopg.Connection[Any] | None = None
-        self._sql = _Statements(target.schema)
+        self._sql = Statements(target.schema)
         self.conn = self._open()
         self.identity = self._identity(self.conn)
 
@@ -174,10 +171,10 @@ class PostgresBackend(ServerReadModelTables):
 
     # --- transactions -------------------------------------------------------------------------------
 
-    def write(self, action: str, streams: Sequence[str] = ()) -> _ServerTransaction:
+    def write(self, action: str, streams: Sequence[str] = ()) -> ServerTransaction:
         """A write transaction that holds the head row from its first round trip to COMMIT; that round trip
         also reads the head and the versions of `streams`, so their tails cost no query of their own."""
-        return _ServerTransaction(self, action, streams)
+        return ServerTransaction(self, action, streams)
 
     def savepoint(self, action: str) -> ServerSavepoint:
         """A savepoint inside the open write transaction (see `Backend.savepoint`)."""
@@ -305,7 +302,7 @@ class PostgresBackend(ServerReadModelTables):
                 self.conn.execute(self._sql.append_rows, (*array_literals(rows), channel))
             return
         with translated("append", self.path):
-            for chunk in _chunks(rows):
+            for chunk in chunks(rows):
                 # executemany pipelines a chunk's INSERTs; a chunk at a time, so that megabytes of rows are
                 # never all in flight at once.
                 with self.conn.cursor() as cursor:
@@ -449,211 +446,8 @@ class PostgresBackend(ServerReadModelTables):
         self.conn.close()
 
 
-CHUNK_BYTES = 1 << 20
-# An append of at most this many rows (and under CHUNK_BYTES) goes as one call of append_rows.
-SMALL_APPEND_ROWS = 64
-
-
-def _chunks(rows: Sequence[Row]) -> Iterator[Sequence[Row]]:
-    """`rows` itself when its bodies are under CHUNK_BYTES, else runs of rows of about that many bytes."""
-    if sum(len(row[5]) for row in rows) < CHUNK_BYTES:
-        yield rows
-        return
-    start = size = 0
-    for index, row in enumerate(rows):
-        size += len(row[5])
-        if size >= CHUNK_BYTES:
-            yield rows[start:index + 1]
-            start, size = index + 1, 0
-    if start < len(rows):
-        yield rows[start:]
-
-
-def array_literals(rows: Sequence[Row]) -> list[str]:
-    """`rows`' eight columns as PostgreSQL array literals, one text each (``append_rows`` casts them).
-
-    A client's array adapter spends Python on every element; these are joins. Every text element is quoted
-    (so none reads as NULL) with its backslashes and quotes escaped, every bytea one spelled in hex.
-    """
-    seqs, streams, versions, types, ats, bodies, prevs, hashes = zip(*rows, strict=True)
-    return ["{" + ",".join(map(str, map(int, seqs))) + "}", _texts(streams),
-            "{" + ",".join(map(str, map(int, versions))) + "}", _texts(types), _texts(ats),
-            _hexes(bodies), _hexes(prevs), _hexes(hashes)]
-
-
-def _texts(values: Sequence[str]) -> str:
-    return "{" + ",".join('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' for value in values) + "}"
-
-
-def _hexes(values: Sequence[bytes]) -> str:
-    return "{" + ",".join('"\\\\x' + bytes(value).hex() + '"' for value in values) + "}"
-
-
 def _sleep(timeout: float, stop: threading.Event | None) -> None:
     if stop is not None:
         stop.wait(timeout)
     else:
         time.sleep(timeout)
-
-
-class _ServerTransaction:
-    """`PostgresBackend.write`: the head row locked in the first round trip, which also reads the head and
-    the versions of the streams named; COMMIT (or ROLLBACK) at the end."""
-
-    __slots__ = ("action", "backend", "streams")
-
-    def __init__(self, backend: PostgresBackend, action: str, streams: Sequence[str]) -> None:
-        self.backend = backend
-        self.action = action
-        self.streams = streams
-
-    def __enter__(self) -> psycopg.Connection[Any]:
-        backend = self.backend
-        if backend._writing:
-            # The server would only warn, and this transaction's COMMIT would end the open one early.
-            raise StoreError(f"{self.action}: cannot start a transaction within a transaction")
-        if backend.conn.closed or backend.conn.broken:
-            backend.file_identity()  # reconnects, fencing on another store or a head behind what was acked
-        try:
-            return self._begin()
-        except StoreIOError:
-            if not (backend.conn.closed or backend.conn.broken):
-                raise
-        # The server closed the connection since its last use (a restart, a failover): once more, anew.
-        backend.file_identity()
-        return self._begin()
-
-    def _begin(self) -> psycopg.Connection[Any]:
-        backend = self.backend
-        conn = backend.conn
-        backend._pending = 0
-        # Only ids go into the query's text: their characters need no quoting (any other stream is read when
-        # asked, by a statement with parameters).
-        streams = [stream for stream in self.streams if type(stream) is str and ID_RE.fullmatch(stream)]
-        try:
-            # BEGIN, the lock and the streams' versions in one simple query: one round trip. The versions, and
-            # every later read, come after the lock, each statement with a fresh snapshot: they see every commit
-            # made before the lock was had. Had before this returns: the lock is held from the transaction's
-            # start, as the contract says, not from its first read.
-            cursor = conn.execute(backend._sql.begin(streams))
-            cursor.nextset()
-            cursor.nextset()
-            locked = cursor.fetchone()
-        except psycopg.Error as exc:
-            self._abandon()
-            if isinstance(exc, psycopg.errors.UndefinedTable):
-                raise StoreFencedError(f"the store in {backend.path} is gone (schema {backend.schema!r})") from None
-            raise translation(self.action, exc, backend.path) from exc
-        # The store's identity, read under the lock: the storage replaced underneath fences this handle here,
-        # without a round trip of its own (`checks_identity_in_write`).
-        # The cluster's system identifier is the connection's: read when it opened (a reconnect reads it again).
-        if locked is None or locked[0] is None or int.from_bytes(bytes(locked[0])[:8], "big") != backend.identity[1]:
-            self._abandon()
-            raise StoreFencedError(f"the store in {backend.path} is not the one this handle opened (replaced "
-                                   "underneath, or another cluster answers at its address)")
-        # The head as the locked row holds it: each write is checked against the last event by advance_head,
-        # so a head row edited by hand fails there.
-        backend._head = (int(locked[1]), bytes(locked[2]) if locked[2] is not None else None, locked[3])
-        backend._versions = dict(zip(streams, locked[4], strict=True))
-        backend._batch, backend._block, backend._failed = [], None, False
-        backend._writing = True
-        return conn
-
-    def _abandon(self) -> None:
-        """Roll back after an error (the connection may be gone)."""
-        conn = self.backend.conn
-        with contextlib.suppress(psycopg.Error):
-            if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                conn.execute("ROLLBACK")
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> Literal[False]:
-        backend = self.backend
-        backend._writing = False
-        backend._forget()
-        conn = backend.conn
-        batch, backend._batch, backend._block = backend._batch, [], None
-        if exc is not None:
-            self._abandon()
-            if isinstance(exc, psycopg.Error):
-                raise translation(self.action, exc, backend.path) from exc
-            return False
-        if batch:
-            try:
-                backend.send(batch)
-            except BaseException:
-                self._abandon()
-                raise
-        try:
-            conn.execute("COMMIT")
-        except psycopg.Error as error:
-            lost = conn.broken or conn.closed or error.sqlstate is None
-            self._abandon()
-            if lost:
-                raise StoreIOError(f"{self.action}: the connection to {backend.path} failed during COMMIT "
-                                   f"({error}): whether it committed is unknown", outcome_unknown=True) from error
-            raise translation(self.action, error, backend.path) from error
-        if backend._pending:
-            backend._acked = backend._pending
-        return False
-
-
-class _Statements:
-    """The backend's statements, with the store's schema in place (a checked identifier)."""
-
-    def begin(self, streams: Sequence[str]) -> str:
-        """BEGIN, the lock, then the store's id, the head and the versions of `streams` (ids: their text
-        needs no quoting) by ``tail_of``, as one simple query."""
-        return self.begin_lock.format(",".join(f"'{stream}'" for stream in streams))
-
-    def __init__(self, schema: str) -> None:
-        s = schema
-        page = (f"SELECT seq, stream, version, type, at, CASE WHEN octet_length(body) > {MAX_EVENT_BYTES} THEN NULL"
-                f" ELSE body END, prev, hash, octet_length(body) FROM {s}.events")
-        self.identity = (f"SELECT (SELECT system_identifier FROM pg_control_system()),"
-                         f" (SELECT value FROM {s}.meta WHERE key = 'store_id')")
-        self.meta = f"SELECT value FROM {s}.meta WHERE key = %s"
-        self.set_meta = f"INSERT INTO {s}.meta (key, value) VALUES (%s, %s)"
-        self.lock_timeout = "SET lock_timeout = '{timeout}'"
-        # A writer's first round trip, one simple query. EXCLUSIVE blocks every other writer and no reader; a
-        # table lock lives in the lock manager's memory, where a row lock (FOR UPDATE) also writes the row and
-        # a WAL record, measured here at twice the server's time. Each statement after the lock takes its own
-        # snapshot, so it sees every commit made before the lock was had.
-        self.begin_lock = (f"BEGIN ISOLATION LEVEL READ COMMITTED; LOCK TABLE {s}.head IN EXCLUSIVE MODE;"
-                           f" SELECT * FROM {s}.tail_of(ARRAY[{{}}]::text[])")
-        self.head = f"SELECT seq FROM {s}.head"
-        self.last = f"SELECT seq, hash, at FROM {s}.events ORDER BY seq DESC LIMIT 1"
-        self.stream_version = f"SELECT version FROM {s}.events WHERE stream = %s ORDER BY version DESC LIMIT 1"
-        # The head row locked by this transaction, read with the stream's version in one statement. Each
-        # write is checked against the last event by advance_head, so a head row edited by hand fails there.
-        self.tail = (f"SELECT (SELECT version FROM {s}.events WHERE stream = %s ORDER BY version DESC LIMIT 1),"
-                     f" h.seq, h.hash, h.at FROM {s}.head h")
-        self.insert = f"INSERT INTO {s}.events ({ROW_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
-        self.advance = f"SELECT {s}.advance_head(%s, %s, %s, %s, %s)"
-        self.append_rows = (f"SELECT {s}.append_rows(%s::bigint[], %s::text[], %s::bigint[], %s::text[], %s::text[],"
-                            " %s::bytea[], %s::bytea[], %s::bytea[], %s::text)")
-        self.append_one = f"SELECT {s}.append_one(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-        self.notify = f"SELECT pg_notify('{CHANNEL_PREFIX}{s}', %s)"
-        self.page_all = f"{page} WHERE seq > %s ORDER BY seq LIMIT %s"
-        self.page_stream_seq = f"{page} WHERE stream = %s AND seq > %s ORDER BY version LIMIT %s"
-        self.page_stream = f"{page} WHERE stream = %s AND version > %s ORDER BY version LIMIT %s"
-        self.row_at = f"{page} WHERE seq = %s LIMIT %s"
-        # Each stream after the one before, by the (stream, version) index (stream is COLLATE "C", byte
-        # order as SQLite sorts): one seek per stream, not a scan of every event's index entry.
-        self.streams = (f"WITH RECURSIVE s(stream) AS (SELECT min(stream) FROM {s}.events UNION ALL"
-                        f" SELECT (SELECT min(e.stream) FROM {s}.events e WHERE e.stream > s.stream) FROM s"
-                        " WHERE s.stream IS NOT NULL) SELECT stream FROM s WHERE stream IS NOT NULL")
-        self.bounds = f"SELECT count(*), min(seq) FROM {s}.events"
-        self.snapshot = f"SELECT version, seq, state, event_hash FROM {s}.snapshots WHERE stream = %s"
-        self.put_snapshot = (f"INSERT INTO {s}.snapshots (stream, version, seq, state, event_hash)"
-                             " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (stream) DO UPDATE SET"
-                             " version = excluded.version, seq = excluded.seq, state = excluded.state,"
-                             " event_hash = excluded.event_hash")
-        self.snapshot_positions = f"SELECT stream, seq FROM {s}.snapshots ORDER BY seq"
-        self.clock = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-        self.host_lease = f"SELECT holder, token, expires_ms FROM {s}.host_leases WHERE stream = %s"
-        self.put_host_lease = (f"INSERT INTO {s}.host_leases (stream, holder, token, expires_ms)"
-                               " VALUES (%s, %s, %s, %s)"
-                               " ON CONFLICT (stream) DO UPDATE SET holder = excluded.holder, token = excluded.token,"
-                               " expires_ms = excluded.expires_ms")
-        self.clear_snapshots = f"DELETE FROM {s}.snapshots"

@@ -2,7 +2,7 @@
 
 A server's error carries an SQLSTATE and says the statement failed, so its transaction did not commit.
 An error without one (the connection lost, the server gone) says nothing of what happened to a COMMIT
-in flight: that one outcome is unknown, and the caller (`postgres._ServerTransaction`) marks it so.
+in flight: that one outcome is unknown, and the caller (`postgres_write.ServerTransaction`) marks it so.
 """
 
 from __future__ import annotations

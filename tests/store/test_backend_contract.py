@@ -28,7 +28,8 @@ from lifecycle_es.backends import open_backend, server_target
 from lifecycle_es.checkpoints import Checkpoint, sign_checkpoint
 from lifecycle_es.errors import IntegrityError, StoreBusyError, StoreFencedError, StoreFormatError, StoreIOError
 from lifecycle_es.events import ReclaimCompleted
-from lifecycle_es.postgres import PostgresBackend, _ServerTransaction
+from lifecycle_es.postgres import PostgresBackend
+from lifecycle_es.postgres_write import ServerTransaction
 from lifecycle_es.signing import generate_key, load_signer
 from lifecycle_es.sqlite import SqliteBackend
 
@@ -579,11 +580,11 @@ class TestPostgresBackend(BackendContract):
 class _DyingAtCommit(PostgresBackend):
     """A backend whose write transactions lose their connection just before COMMIT."""
 
-    def write(self, action: str, streams: Sequence[str] = ()) -> _ServerTransaction:
+    def write(self, action: str, streams: Sequence[str] = ()) -> ServerTransaction:
         return _DyingTransaction(self, action, streams)
 
 
-class _DyingTransaction(_ServerTransaction):
+class _DyingTransaction(ServerTransaction):
     __slots__ = ()
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> Literal[False]:

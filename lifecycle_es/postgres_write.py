@@ -1,0 +1,166 @@
+"""The PostgreSQL backend's write side: its write transaction, and how rows travel to the server.
+
+`ServerTransaction` is `PostgresBackend.write`: BEGIN, the head table's lock and ``tail_of`` in one
+simple query, then COMMIT (or ROLLBACK), a batch's kept-back rows sent first (see
+``postgres_savepoint``). `array_literals` spells a batch's columns as array literals for
+``append_rows``; `chunks` cuts a large batch into runs of about a megabyte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import psycopg
+
+from .backend import Row
+from .errors import StoreError, StoreFencedError, StoreIOError
+from .postgres_errors import translation
+from .values import ID_RE
+
+if TYPE_CHECKING:
+    from .postgres import PostgresBackend
+
+CHUNK_BYTES = 1 << 20
+# An append of at most this many rows (and under CHUNK_BYTES) goes as one call of append_rows.
+SMALL_APPEND_ROWS = 64
+
+
+def chunks(rows: Sequence[Row]) -> Iterator[Sequence[Row]]:
+    """`rows` itself when its bodies are under CHUNK_BYTES, else runs of rows of about that many bytes."""
+    if sum(len(row[5]) for row in rows) < CHUNK_BYTES:
+        yield rows
+        return
+    start = size = 0
+    for index, row in enumerate(rows):
+        size += len(row[5])
+        if size >= CHUNK_BYTES:
+            yield rows[start:index + 1]
+            start, size = index + 1, 0
+    if start < len(rows):
+        yield rows[start:]
+
+
+def array_literals(rows: Sequence[Row]) -> list[str]:
+    """`rows`' eight columns as PostgreSQL array literals, one text each (``append_rows`` casts them).
+
+    A client's array adapter spends Python on every element; these are joins. Every text element is quoted
+    (so none reads as NULL) with its backslashes and quotes escaped, every bytea one spelled in hex.
+    """
+    seqs, streams, versions, types, ats, bodies, prevs, hashes = zip(*rows, strict=True)
+    return ["{" + ",".join(map(str, map(int, seqs))) + "}", _texts(streams),
+            "{" + ",".join(map(str, map(int, versions))) + "}", _texts(types), _texts(ats),
+            _hexes(bodies), _hexes(prevs), _hexes(hashes)]
+
+
+def _texts(values: Sequence[str]) -> str:
+    return "{" + ",".join('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' for value in values) + "}"
+
+
+def _hexes(values: Sequence[bytes]) -> str:
+    return "{" + ",".join('"\\\\x' + bytes(value).hex() + '"' for value in values) + "}"
+
+
+class ServerTransaction:
+    """`PostgresBackend.write`: the head row locked in the first round trip, which also reads the head and
+    the versions of the streams named; COMMIT (or ROLLBACK) at the end."""
+
+    __slots__ = ("action", "backend", "streams")
+
+    def __init__(self, backend: PostgresBackend, action: str, streams: Sequence[str]) -> None:
+        self.backend = backend
+        self.action = action
+        self.streams = streams
+
+    def __enter__(self) -> psycopg.Connection[Any]:
+        backend = self.backend
+        if backend._writing:
+            # The server would only warn, and this transaction's COMMIT would end the open one early.
+            raise StoreError(f"{self.action}: cannot start a transaction within a transaction")
+        if backend.conn.closed or backend.conn.broken:
+            backend.file_identity()  # reconnects, fencing on another store or a head behind what was acked
+        try:
+            return self._begin()
+        except StoreIOError:
+            if not (backend.conn.closed or backend.conn.broken):
+                raise
+        # The server closed the connection since its last use (a restart, a failover): once more, anew.
+        backend.file_identity()
+        return self._begin()
+
+    def _begin(self) -> psycopg.Connection[Any]:
+        backend = self.backend
+        conn = backend.conn
+        backend._pending = 0
+        # Only ids go into the query's text: their characters need no quoting (any other stream is read when
+        # asked, by a statement with parameters).
+        streams = [stream for stream in self.streams if type(stream) is str and ID_RE.fullmatch(stream)]
+        try:
+            # BEGIN, the lock and the streams' versions in one simple query: one round trip. The versions, and
+            # every later read, come after the lock, each statement with a fresh snapshot: they see every commit
+            # made before the lock was had. Had before this returns: the lock is held from the transaction's
+            # start, as the contract says, not from its first read.
+            cursor = conn.execute(backend._sql.begin(streams))
+            cursor.nextset()
+            cursor.nextset()
+            locked = cursor.fetchone()
+        except psycopg.Error as exc:
+            self._abandon()
+            if isinstance(exc, psycopg.errors.UndefinedTable):
+                raise StoreFencedError(f"the store in {backend.path} is gone (schema {backend.schema!r})") from None
+            raise translation(self.action, exc, backend.path) from exc
+        # The store's identity, read under the lock: the storage replaced underneath fences this handle here,
+        # without a round trip of its own (`checks_identity_in_write`).
+        # The cluster's system identifier is the connection's: read when it opened (a reconnect reads it again).
+        if locked is None or locked[0] is None or int.from_bytes(bytes(locked[0])[:8], "big") != backend.identity[1]:
+            self._abandon()
+            raise StoreFencedError(f"the store in {backend.path} is not the one this handle opened (replaced "
+                                   "underneath, or another cluster answers at its address)")
+        # The head as the locked row holds it: each write is checked against the last event by advance_head,
+        # so a head row edited by hand fails there.
+        backend._head = (int(locked[1]), bytes(locked[2]) if locked[2] is not None else None, locked[3])
+        backend._versions = dict(zip(streams, locked[4], strict=True))
+        backend._batch, backend._block, backend._failed = [], None, False
+        backend._writing = True
+        return conn
+
+    def _abandon(self) -> None:
+        """Roll back after an error (the connection may be gone)."""
+        conn = self.backend.conn
+        with contextlib.suppress(psycopg.Error):
+            if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> Literal[False]:
+        backend = self.backend
+        backend._writing = False
+        backend._forget()
+        conn = backend.conn
+        batch, backend._batch, backend._block = backend._batch, [], None
+        if exc is not None:
+            self._abandon()
+            if isinstance(exc, psycopg.Error):
+                raise translation(self.action, exc, backend.path) from exc
+            return False
+        if batch:
+            try:
+                backend.send(batch)
+            except BaseException:
+                self._abandon()
+                raise
+        try:
+            conn.execute("COMMIT")
+        except psycopg.Error as error:
+            lost = conn.broken or conn.closed or error.sqlstate is None
+            self._abandon()
+            if lost:
+                raise StoreIOError(f"{self.action}: the connection to {backend.path} failed during COMMIT "
+                                   f"({error}): whether it committed is unknown", outcome_unknown=True) from error
+            raise translation(self.action, error, backend.path) from error
+        if backend._pending:
+            backend._acked = backend._pending
+        return False
+
+
