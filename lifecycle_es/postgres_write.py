@@ -63,8 +63,8 @@ def _hexes(values: Sequence[bytes]) -> str:
 
 
 class ServerTransaction:
-    """`PostgresBackend.write`: the head row locked in the first round trip, which also reads the head and
-    the versions of the streams named; COMMIT (or ROLLBACK) at the end."""
+    """`PostgresBackend.write`: the head table locked in the first round trip, which also reads the store's id,
+    the head and the versions of the streams named; COMMIT (or ROLLBACK) at the end."""
 
     __slots__ = ("action", "backend", "streams")
 
