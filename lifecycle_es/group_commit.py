@@ -2,7 +2,7 @@
 
     store.commit("acquire_lease", lambda tx: tx.append(stream, events, expected_version=3))
 
-A durable commit costs one fsync (on PostgreSQL a round trip and the commit under the head row's
+A durable commit costs one fsync (on PostgreSQL a round trip and the commit under the head table's
 lock), whatever it holds; so the commands that arrive while one commits wait, and the next writer
 commits them all in one transaction. Leader and followers, as in PostgreSQL's WAL writer or
 RocksDB's write groups: a caller that finds no writer becomes it and serves itself at once (a lone

@@ -75,7 +75,7 @@ class PostgresBackend(ServerReadModelTables):
         self._pending = 0
         # Inside a write transaction: the head as the lock read it (or as this transaction's inserts left it)
         # and each stream's version as read or written. Only an insert moves them (every other write leaves
-        # events alone), and a savepoint's rollback drops them; nothing else can, since the head row's lock
+        # events alone), and a savepoint's rollback drops them; nothing else can, since the head table's lock
         # is held.
         self._head: tuple[int, bytes | None, str | None] | None = None
         self._versions: dict[str, int] = {}
@@ -95,7 +95,7 @@ class PostgresBackend(ServerReadModelTables):
             if not self.read_only:
                 check_settings(conn, durability=self._durability, where=self.path)
                 with translated("open", self.path):
-                    # The busy timeout, once per connection: only a writer's head row lock ever waits.
+                    # The busy timeout, once per connection: only a writer's head table lock ever waits.
                     conn.execute(self._sql.lock_timeout.format(timeout=self._lock_timeout))
                 if self._durability == "normal":
                     with translated("open", self.path):
@@ -134,7 +134,7 @@ class PostgresBackend(ServerReadModelTables):
         """
         if not (self.conn.closed or self.conn.broken):
             if self._writing:
-                return self.identity  # inside a write transaction, its head row lock holds the store
+                return self.identity  # inside a write transaction, its head table lock holds the store
             try:
                 return self._identity(self.conn)
             except StoreIOError:
@@ -172,8 +172,8 @@ class PostgresBackend(ServerReadModelTables):
     # --- transactions -------------------------------------------------------------------------------
 
     def write(self, action: str, streams: Sequence[str] = ()) -> ServerTransaction:
-        """A write transaction that holds the head row from its first round trip to COMMIT; that round trip
-        also reads the head and the versions of `streams`, so their tails cost no query of their own."""
+        """A write transaction that holds the head table's lock from its first round trip to COMMIT; that round
+        trip also reads the head and the versions of `streams`, so their tails cost no query of their own."""
         return ServerTransaction(self, action, streams)
 
     def savepoint(self, action: str) -> ServerSavepoint:
@@ -243,7 +243,7 @@ class PostgresBackend(ServerReadModelTables):
         return int(rows[0][0]) if rows else 0
 
     def tail(self, stream: str) -> Tail:
-        """(stream version, head seq, head hash, head at): in a write transaction, read once the head row is
+        """(stream version, head seq, head hash, head at): in a write transaction, read once the head table is
         locked, so no other writer's commit can follow it, and kept until this transaction inserts."""
         head = self._head if self._writing else None
         if head is not None:
@@ -403,7 +403,7 @@ class PostgresBackend(ServerReadModelTables):
 
     def host_lease(self, stream: str) -> HostLeaseRow | None:
         """(holder, token, expires_ms) of the runner's host lease, or None; inside a write transaction it
-        is read after the head row was locked, so no other writer can change it before the commit."""
+        is read after the head table was locked, so no other writer can change it before the commit."""
         rows = self._rows("read the host lease", self._sql.host_lease, (stream,))
         return (rows[0][0], int(rows[0][1]), int(rows[0][2])) if rows else None
 

@@ -9,7 +9,7 @@ a real savepoint: the batch's rows are sent first, then SAVEPOINT, then the bloc
 statement sees the log as the commands before it left it; such a block ends with RELEASE, or with
 ROLLBACK TO and RELEASE, its error its own.
 
-The batch's rows are the log's next seqs under the head row's lock, so the server refuses them only when
+The batch's rows are the log's next seqs under the head table's lock, so the server refuses them only when
 the store was tampered with (a planted rule or trigger): then the whole batch fails. When sending them
 fails inside a block, or the connection is lost, the transaction is gone: `lost` is set and the block's
 exit raises StoreIOError, so the caller fails the whole batch.

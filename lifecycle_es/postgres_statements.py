@@ -36,7 +36,7 @@ class Statements:
         self.head = f"SELECT seq FROM {s}.head"
         self.last = f"SELECT seq, hash, at FROM {s}.events ORDER BY seq DESC LIMIT 1"
         self.stream_version = f"SELECT version FROM {s}.events WHERE stream = %s ORDER BY version DESC LIMIT 1"
-        # The head row locked by this transaction, read with the stream's version in one statement. Each
+        # The head row (its table locked by this transaction), read with the stream's version in one statement. Each
         # write is checked against the last event by advance_head, so a head row edited by hand fails there.
         self.tail = (f"SELECT (SELECT version FROM {s}.events WHERE stream = %s ORDER BY version DESC LIMIT 1),"
                      f" h.seq, h.hash, h.at FROM {s}.head h")
