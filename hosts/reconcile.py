@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import abc
 import signal
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -63,12 +64,19 @@ from .rundir import RunDir
 from .unitfiles import HandleProof, exit_digest, own_run_dir, read_proof, result_digest, unproven, write_proof
 
 
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 class Action(msgspec.Struct, frozen=True, kw_only=True):
-    """One thing reconcile did: what, to which lease, and why."""
+    """One thing reconcile did: what, to which lease, why, and when it was done (`at_ms`: epoch ms on
+    this machine's clock, taken once the deed is done; a report of it may be printed later, after a
+    pause)."""
 
     kind: str
     lease_id: str
     detail: str = ""
+    at_ms: int = msgspec.field(default_factory=_wall_ms)
 
 
 class UnitView(msgspec.Struct, kw_only=True):

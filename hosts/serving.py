@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lifecycle_es.canonical import iso_ms
 from lifecycle_es.errors import EXIT_FENCED, EXIT_HELD, HostFencedError, StoreBusyError
 from lifecycle_es.lifecycle import RunnerLifecycle
 from lifecycle_es.store import EventStore
@@ -199,7 +200,7 @@ class HostServer:
                                     "leases": dict(Counter(lease.status for lease in slot.lifecycle.state().leases))})
         for action in actions:
             self._report("action", {"runner": runner, "kind": action.kind, "lease": action.lease_id,
-                                    "detail": action.detail})
+                                    "detail": action.detail, "at": iso_ms(action.at_ms)})
 
     def _renewed(self, keeper: LeaseKeeper, seconds: float) -> None:
         self._report("renewed", {"runner": keeper.runner_id, "seconds": seconds})
