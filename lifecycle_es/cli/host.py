@@ -28,11 +28,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .access import read_signer, require_file
 from .exits import EXIT_FENCED, EXIT_USAGE, CommandError, no_runner
 from .options import runner_id
+
+if TYPE_CHECKING:
+    from .host_log import HostLog
 
 
 def register(subparsers: Any) -> None:
@@ -135,7 +138,7 @@ def run_host(args: argparse.Namespace) -> int:
 
         server = HostServer(store, lifecycles, make_host=make_host, holder=holder,
                             ttl_ms=args.host_lease_ttl_ms, grace_ms=args.host_lease_grace_ms, tick=args.tick,
-                            no_wait=args.no_wait, report=log.report, on_stuck=_exit_fenced)
+                            no_wait=args.no_wait, report=log.report, on_stuck=lambda _: _exit_fenced(log))
         metrics = None
         if args.metrics:
             from .metrics import HostMetrics
@@ -154,9 +157,11 @@ def run_host(args: argparse.Namespace) -> int:
     return code
 
 
-def _exit_fenced(_: Exception) -> None:
+def _exit_fenced(log: HostLog) -> None:
     """Exit 75 now: a lease's deadline passed while the serving loop is blocked on the store (cut off from
-    it), so nothing may wait for that call to return. Units keep running for the next holder to adopt."""
+    it), or was paused past it, so nothing may wait for that call to return. Units keep running for the next
+    holder to adopt. The last line is "stopped", as on every other way out."""
+    log.report("stopped", {"exit": EXIT_FENCED})
     sys.stdout.flush()
     os._exit(EXIT_FENCED)
 

@@ -295,7 +295,8 @@ def test_three_hosts_one_acts_a_paused_holder_is_taken_over_and_exits_75_untouch
 
     holder.process.send_signal(signal.SIGCONT)
     assert holder.process.wait(timeout=30) == 75
-    assert wait_for(lambda: holder.events("stopped"))
+    assert wait_for(lambda: holder.events("stopped")), holder.lines  # whichever of its threads saw the fence
+    assert holder.events("stopped")[-1]["exit"] == 75
     assert holder.events("fenced") and not holder.events("released")
     # Nothing the old holder did comes after the takeover: no event of its token in the log after it, no
     # action done after the taker took the lease (a line may be printed after the pause: its `at` says
@@ -359,8 +360,10 @@ def test_a_holder_that_cannot_renew_by_its_local_deadline_stops_and_exits_75(run
     # The store's write lock held elsewhere: no renewal can land, so the driver's own deadline decides.
     with write_lock_held(runner.db):
         assert host.process.wait(timeout=30) == 75
+    assert wait_for(lambda: host.events("stopped")), host.lines
     (fenced,) = host.events("fenced")
     assert "not renewed by its local deadline" in str(fenced["reason"]), fenced
+    assert host.events("stopped")[-1]["exit"] == 75
     assert [line[0] for line in runner.records()] == ["start"]  # its unit was left alone, for the next holder
 
 
@@ -384,7 +387,9 @@ def test_a_holder_cut_off_from_the_server_self_fences_and_the_standby_takes_over
         first = runner.acquisitions()[-1][1]
         relay.cut()
         assert holder.process.wait(timeout=60) == 75
-        assert wait_for(lambda: holder.events("fenced"))
+        # Its loop is stuck in a read that never returns: the watch thread fences it and exits, and says so.
+        assert wait_for(lambda: holder.events("fenced") and holder.events("stopped")), holder.lines
+        assert holder.events("stopped")[-1]["exit"] == 75
         assert wait_for(lambda: len(runner.acquisitions()) == 3, 30)
         second = runner.acquisitions()[-1][1]
         assert second.token == first.token + 1 and second.holder != first.holder
