@@ -281,7 +281,13 @@ class PostgresBackend(ServerReadModelTables):
         if not rows:
             return
         block = self._block
-        if block is not None and not block.opened:
+        if block is None:
+            # Kept until the next statement or COMMIT, which carries them in its round trip (a long run of
+            # appends goes as it grows, so that no transaction holds more than a small batch back).
+            self._batch.extend(rows)
+            if len(self._batch) >= SMALL_APPEND_ROWS:
+                self._live()
+        elif not block.opened:
             block.rows.extend(rows)
         else:
             self._live()

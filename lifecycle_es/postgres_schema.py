@@ -275,7 +275,9 @@ def drop_server_store(target: ServerTarget) -> None:
 def connect(target: ServerTarget, *, read_only: bool = False) -> psycopg.Connection[Any]:
     """An autocommit connection to the store's server (StoreIOError naming the masked URL when refused)."""
     try:
-        conn = psycopg.connect(target.conninfo, autocommit=True, application_name="lifecycle-es")
+        # UTF8 whatever the URL or the server says: the constants a commit spells (`postgres_write`) are in it.
+        conn = psycopg.connect(target.conninfo, autocommit=True, application_name="lifecycle-es",
+                               client_encoding="UTF8")
     except psycopg.Error as exc:
         raise StoreIOError(f"cannot connect to {target.shown}: {_reason(exc)}") from None
     if read_only:

@@ -45,6 +45,11 @@ class Statements:
         self.append_rows = (f"SELECT {s}.append_rows(%s::bigint[], %s::text[], %s::bigint[], %s::text[], %s::text[],"
                             " %s::bytea[], %s::bytea[], %s::bytea[], %s::text)")
         self.append_one = f"SELECT {s}.append_one(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        # The appends that end a transaction, with COMMIT in the same simple query (constants in place of {}).
+        self.append_one_literal = f"SELECT {s}.append_one({', '.join(['{}'] * 9)}); COMMIT"
+        self.append_rows_literal = (f"SELECT {s}.append_rows({{}}::bigint[], {{}}::text[], {{}}::bigint[],"
+                                    " {}::text[], {}::text[], {}::bytea[], {}::bytea[], {}::bytea[], {}::text);"
+                                    " COMMIT")
         self.notify = f"SELECT pg_notify('{CHANNEL_PREFIX}{s}', %s)"
         self.page_all = f"{page} WHERE seq > %s ORDER BY seq LIMIT %s"
         self.page_stream_seq = f"{page} WHERE stream = %s AND seq > %s ORDER BY version LIMIT %s"

@@ -17,10 +17,12 @@ import psycopg
 from .backend import Row
 from .errors import StoreError, StoreFencedError, StoreIOError
 from .postgres_errors import translation
+from .postgres_statements import CHANNEL_PREFIX
 from .values import ID_RE
 
 if TYPE_CHECKING:
     from .postgres import PostgresBackend
+    from .postgres_statements import Statements
 
 CHUNK_BYTES = 1 << 20
 # An append of at most this many rows (and under CHUNK_BYTES) goes as one call of append_rows.
@@ -60,6 +62,34 @@ def _texts(values: Sequence[str]) -> str:
 
 def _hexes(values: Sequence[bytes]) -> str:
     return "{" + ",".join('"\\\\x' + bytes(value).hex() + '"' for value in values) + "}"
+
+
+def commit_with(statements: Statements, rows: Sequence[Row], channel: str | None) -> str | None:
+    """One simple query that appends `rows` (``append_one`` or ``append_rows``) and commits: COMMIT in the
+    append's round trip. None when the rows are too many or too large for one call, or a text holds a NUL
+    (which no text column takes): those go with parameters first."""
+    if len(rows) > SMALL_APPEND_ROWS or sum(len(row[5]) for row in rows) >= CHUNK_BYTES:
+        return None
+    if any("\0" in text for row in rows for text in (row[1], row[3], row[4])):
+        return None
+    if len(rows) == 1:
+        seq, stream, version, type_, at, body, prev, digest = rows[0]
+        args = [str(int(seq)), _quoted(stream), str(int(version)), _quoted(type_), _quoted(at), _bytea(body),
+                _bytea(prev), _bytea(digest)]
+        call = statements.append_one_literal
+    else:
+        args = [_quoted(literal) for literal in array_literals(rows)]
+        call = statements.append_rows_literal
+    return call.format(*args, "NULL" if channel is None else _quoted(channel))
+
+
+def _quoted(text: str) -> str:
+    """`text` as an escape-string constant: read the same whatever standard_conforming_strings says."""
+    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _bytea(value: bytes | None) -> str:
+    return "NULL" if value is None else "E'\\\\x" + bytes(value).hex() + "'::bytea"
 
 
 class ServerTransaction:
@@ -144,14 +174,20 @@ class ServerTransaction:
             if isinstance(exc, psycopg.Error):
                 raise translation(self.action, exc, backend.path) from exc
             return False
+        commit = "COMMIT"
         if batch:
-            try:
-                backend.send(batch)
-            except BaseException:
-                self._abandon()
-                raise
+            channel = f"{CHANNEL_PREFIX}{backend.schema}" if backend.target.notify else None
+            query = commit_with(backend._sql, batch, channel)
+            if query is not None:
+                commit = query
+            else:
+                try:
+                    backend.send(batch)
+                except BaseException:
+                    self._abandon()
+                    raise
         try:
-            conn.execute("COMMIT")
+            conn.execute(commit)
         except psycopg.Error as error:
             lost = conn.broken or conn.closed or error.sqlstate is None
             self._abandon()

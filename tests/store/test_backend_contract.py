@@ -26,7 +26,14 @@ from lifecycle_es import audit
 from lifecycle_es.backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Backend
 from lifecycle_es.backends import open_backend, server_target
 from lifecycle_es.checkpoints import Checkpoint, sign_checkpoint
-from lifecycle_es.errors import IntegrityError, StoreBusyError, StoreFencedError, StoreFormatError, StoreIOError
+from lifecycle_es.errors import (
+    IntegrityError,
+    StoreBusyError,
+    StoreError,
+    StoreFencedError,
+    StoreFormatError,
+    StoreIOError,
+)
 from lifecycle_es.events import ReclaimCompleted
 from lifecycle_es.postgres import PostgresBackend
 from lifecycle_es.postgres_write import ServerTransaction
@@ -230,13 +237,21 @@ class BackendContract:
 
     def test_rows_keep_every_byte_of_their_text_and_bodies(self) -> None:
         # Streams the store would refuse still go in and come back as written (a backend stores, never
-        # judges): quotes, backslashes, braces, a comma, and a stream spelled NULL, in one batch.
+        # judges): quotes, backslashes, braces, a comma, and a stream spelled NULL, in one batch; then each
+        # alone (a backend may spell a lone row differently from a batch's).
         backend, log = self.connect(), LogRows()
-        rows = log.next('we"ird', "back\\slash", "{brace,comma}", "NULL", "NULL")
+        weird = ['we"ird', "it's", "back\\slash", "{brace,comma}", "NULL", "E'\\x00'", "ünï ⊕ 日本"]
+        rows = log.next(*weird, "NULL")
         rows = [(*row[:5], bytes(range(256)) + row[5], *row[6:]) for row in rows]
         commit(backend, rows)
-        assert flat(backend.pages(after=0, stream=None)) == rows
-        assert backend.tail("NULL")[:2] == (2, 5) and backend.stream_version('we"ird') == 1
+        alone = []
+        for stream in weird:
+            row = log.next(stream)
+            alone += [(*row[0][:5], bytes(range(255, -1, -1)) + row[0][5], *row[0][6:])]
+            commit(backend, alone[-1:])
+        assert flat(backend.pages(after=0, stream=None)) == rows + alone
+        assert backend.tail("NULL")[:2] == (3, 15) and backend.stream_version('we"ird') == 2
+        assert backend.stream_version("it's") == 2 and backend.stream_version("ünï ⊕ 日本") == 2
 
     def test_a_block_that_only_appended_then_raised_is_undone_alone(self) -> None:
         # No statement of its own: a server backend may have kept its rows back; either way they are gone, the
@@ -575,6 +590,31 @@ class TestPostgresBackend(BackendContract):
     def drop_inserts(self) -> None:
         with self.server.connect() as conn:  # type: ignore[attr-defined]
             conn.execute(f"CREATE RULE skip AS ON INSERT TO {self.schema}.events DO INSTEAD NOTHING")
+
+    @pytest.mark.parametrize("setting", ["off", "on"])
+    def test_a_commit_spells_its_rows_the_same_whatever_standard_conforming_strings_says(self, setting: str) -> None:
+        # A transaction's last rows go with its COMMIT as constants in the query's text: quotes, backslashes and
+        # every byte of a body come back as written, lone and batched, with backslashes escapes or not.
+        backend, log = self.connect(), LogRows()
+        backend.conn.execute(f"SET standard_conforming_strings = {setting}")  # type: ignore[attr-defined]
+        weird = ["it's", "back\\slash", "E'\\x00'", "'; COMMIT; --"]
+        written = []
+        for stream in weird:
+            for rows in (log.next(stream), log.next(stream, stream)):
+                written += [(*row[:5], bytes(range(256)) + b"\\'" + row[5], *row[6:]) for row in rows]
+                commit(backend, written[-len(rows):])
+        assert flat(backend.pages(after=0, stream=None)) == written
+        assert [backend.stream_version(stream) for stream in weird] == [3, 3, 3, 3]
+
+    def test_a_nul_in_a_text_is_refused_before_it_can_cut_a_commit_short(self) -> None:
+        # A query's text ends at a NUL: such a row goes with parameters, which the client refuses whole.
+        backend, log = self.connect(), LogRows()
+        commit(backend, log.next("a"))
+        for rows in (log.next("a\0b"), log.next("c", "a\0b")):
+            with pytest.raises(StoreError) as refused:
+                commit(backend, rows)
+            assert "NUL" in str(refused.value) and not getattr(refused.value, "outcome_unknown", False), refused.value
+        assert [row[1] for row in flat(backend.pages(after=0, stream=None))] == ["a"]
 
 
 class _DyingAtCommit(PostgresBackend):
