@@ -4,12 +4,13 @@ A write transaction runs at READ COMMITTED and locks the one-row ``head`` table 
 EXCLUSIVE MODE``: every other writer waits, no reader does) before it reads anything, as Commanded's
 EventStore locks its head row: writers queue on it, so commit order is seq order and a follower reading
 ``seq > last`` never meets a gap that a slower writer fills later. A table lock costs the server half
-what ``SELECT ... FOR UPDATE`` does (which also writes the row and a WAL record). A command is three
-round trips: BEGIN, the lock, the head with the store's id and the versions of the streams it names, in
-one simple query; the row, ``advance_head`` (which proves it landed) and the NOTIFY in one server
-function (``append_one``, or ``append_rows`` for a few); COMMIT. A group commit's batch sends its
-commands' rows in one call before COMMIT (``postgres_savepoint``). A plain round trip on a local socket costs the
-client less than pipeline mode's bookkeeping, so none is used. The busy timeout is the connection's
+what ``SELECT ... FOR UPDATE`` does (which also writes the row and a WAL record). A command is two
+round trips, each one simple query: BEGIN, the lock, the head with the store's id and the versions of the
+streams it names; then the row, ``advance_head`` (which proves it landed) and the NOTIFY in one server
+function (``append_one``, or ``append_rows`` for a few), and COMMIT. Rows wait for the transaction's next
+statement or its COMMIT, whichever comes first (``postgres_write``). A group commit's batch sends its
+commands' rows in one call with its COMMIT (``postgres_savepoint``). A plain round trip on a local socket costs
+the client less than pipeline mode's bookkeeping, so none is used. The busy timeout is the connection's
 ``lock_timeout``, set once when it opens. A connection lost
 while a COMMIT was in flight leaves its outcome unknown (StoreIOError with ``outcome_unknown``), and the
 store fences itself, as on SQLite.

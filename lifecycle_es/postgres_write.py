@@ -1,9 +1,10 @@
 """The PostgreSQL backend's write side: its write transaction, and how rows travel to the server.
 
 `ServerTransaction` is `PostgresBackend.write`: BEGIN, the head table's lock and ``tail_of`` in one
-simple query, then COMMIT (or ROLLBACK), a batch's kept-back rows sent first (see
-``postgres_savepoint``). `array_literals` spells a batch's columns as array literals for
-``append_rows``; `chunks` cuts a large batch into runs of about a megabyte.
+simple query, then COMMIT (or ROLLBACK). Rows kept back (a lone transaction's last, a batch's: see
+``postgres_savepoint``) go with the COMMIT, in one simple query that spells them as constants
+(`commit_with`). `array_literals` spells a batch's columns as array literals for ``append_rows``;
+`chunks` cuts a large batch into runs of about a megabyte.
 """
 
 from __future__ import annotations
