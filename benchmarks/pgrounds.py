@@ -197,8 +197,8 @@ def run(context: Context, server: Server, scale: dict[str, Any], fleet: Any = No
         per_append = _statements(server, ours_stream.append, pid, count)
         note = (f"log_statement=all, {count} calls each; a command: BEGIN, the head table's lock, the head with "
                 "the store's id and the stream's version, in one simple query (one trip; the server logs it as one "
-                "statement); append_one, whose row, proof and NOTIFY are one server function (one trip); COMMIT "
-                "(one trip)")
+                "statement); then append_one, whose row, proof and NOTIFY are one server function, and COMMIT, in "
+                "another simple query (one trip, two statements)")
         figures.append(compared("postgres.statements.command", "statements per durable command (server log)",
                                 "stmts", per_command, per_append, "per single-event append_unchecked", None, note=note))
         if fleet is not None:
