@@ -132,7 +132,7 @@ class ServerTransaction:
             # every later read, come after the lock, each statement with a fresh snapshot: they see every commit
             # made before the lock was had. Had before this returns: the lock is held from the transaction's
             # start, as the contract says, not from its first read.
-            cursor = conn.execute(backend._sql.begin(streams))
+            cursor = conn.execute(backend._sql.begin(streams), prepare=False)
             cursor.nextset()
             cursor.nextset()
             locked = cursor.fetchone()
@@ -176,19 +176,19 @@ class ServerTransaction:
                 raise translation(self.action, exc, backend.path) from exc
             return False
         commit = "COMMIT"
-        if batch:
-            channel = f"{CHANNEL_PREFIX}{backend.schema}" if backend.target.notify else None
-            query = commit_with(backend._sql, batch, channel)
-            if query is not None:
-                commit = query
-            else:
-                try:
-                    backend.send(batch)
-                except BaseException:
-                    self._abandon()
-                    raise
         try:
-            conn.execute(commit)
+            if batch:
+                channel = f"{CHANNEL_PREFIX}{backend.schema}" if backend.target.notify else None
+                query = commit_with(backend._sql, batch, channel)
+                if query is not None:
+                    commit = query
+                else:
+                    backend.send(batch)
+        except BaseException:
+            self._abandon()
+            raise
+        try:
+            conn.execute(commit, prepare=False)
         except psycopg.Error as error:
             lost = conn.broken or conn.closed or error.sqlstate is None
             self._abandon()
@@ -196,6 +196,11 @@ class ServerTransaction:
                 raise StoreIOError(f"{self.action}: the connection to {backend.path} failed during COMMIT "
                                    f"({error}): whether it committed is unknown", outcome_unknown=True) from error
             raise translation(self.action, error, backend.path) from error
+        except BaseException:
+            # Text the connection cannot encode is refused before anything is sent; an interrupt is left to
+            # the caller: either way the transaction is rolled back if it is still open.
+            self._abandon()
+            raise
         if backend._pending:
             backend._acked = backend._pending
         return False

@@ -253,6 +253,22 @@ class BackendContract:
         assert backend.tail("NULL")[:2] == (3, 15) and backend.stream_version('we"ird') == 2
         assert backend.stream_version("it's") == 2 and backend.stream_version("ünï ⊕ 日本") == 2
 
+    def test_text_that_cannot_be_encoded_is_refused_and_the_next_commit_goes_through(self) -> None:
+        # A lone surrogate has no UTF-8 form: refused whole, lone or batched, and nothing of it stays open.
+        backend, log = self.connect(), LogRows()
+        commit(backend, log.next("a"))
+        rewind = (log.seq, log.versions.copy(), log.prev)
+        for streams in (("bad",), ("b", "bad")):
+            rows = [(row[0], "bad\udcff", *row[2:]) if row[1] == "bad" else row for row in log.next(*streams)]
+            with pytest.raises((StoreError, ValueError)):
+                commit(backend, rows)
+            log.seq, log.versions, log.prev = rewind[0], rewind[1].copy(), rewind[2]
+        # Nothing held open: another connection writes at once (a lock left behind would make it wait, then fail).
+        other = self.connect(busy_timeout_ms=300)
+        commit(other, log.next("b"))
+        commit(backend, log.next("c"))
+        assert [row[1] for row in flat(backend.pages(after=0, stream=None))] == ["a", "b", "c"]
+
     def test_a_block_that_only_appended_then_raised_is_undone_alone(self) -> None:
         # No statement of its own: a server backend may have kept its rows back; either way they are gone, the
         # head and versions it moved are put back, and the next block appends the same seqs.
