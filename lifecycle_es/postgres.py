@@ -184,10 +184,10 @@ class PostgresBackend(ServerReadModelTables):
     @contextlib.contextmanager
     def read_tx(self, action: str) -> Iterator[psycopg.Connection[Any]]:
         """A REPEATABLE READ transaction: one consistent view of the log for several queries."""
+        self._live()  # inside a write transaction: the rows it holds back go first, so that reads see them
         if self._writing:
             yield self.conn
             return
-        self._live()
         with translated(action, self.path):
             self.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:

@@ -193,6 +193,29 @@ class BackendContract:
             assert backend.tail("b") == (1, 3, more[1][7], more[1][4])
         assert backend.tail("a") == (2, 3, more[1][7], more[1][4])
 
+    def test_every_read_inside_a_write_transaction_sees_its_rows(self) -> None:
+        # A server backend may hold the rows back until the next statement: each kind of read must see them.
+        backend, log = self.connect(), LogRows()
+        commit(backend, log.next("a"))
+        more = log.next("a", "b")
+        reads = {
+            "pages": lambda: flat(backend.pages(after=0, stream=None))[1:],
+            "stream_pages": lambda: flat(backend.stream_pages("b", after_version=0)),
+            "row_at": lambda: [backend.row_at(2), backend.row_at(3)],
+            "stream_version": lambda: [backend.stream_version("b")],
+            "seq_bounds": lambda: [backend.seq_bounds()],
+            "streams": lambda: backend.streams(),
+        }
+        expected = {"pages": more, "stream_pages": more[1:], "row_at": more, "stream_version": [1],
+                    "seq_bounds": [(3, 1)], "streams": ["a", "b"]}
+        for name, read in reads.items():
+            # Each read in a transaction of its own, rolled back: the next meets the rows held back afresh.
+            with pytest.raises(RuntimeError, match="undo"), backend.write("append"):
+                backend.insert(more)
+                assert read() == expected[name], name
+                raise RuntimeError("undo")
+        assert backend.seq_bounds() == (1, 1) and backend.streams() == ["a"]
+
     def test_tail_sees_what_another_connection_committed(self) -> None:
         mine, other, log = self.connect(), self.connect(), LogRows()
         commit(mine, log.next("a"))  # what this connection last committed is not the head for long
