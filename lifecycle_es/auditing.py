@@ -318,11 +318,13 @@ def _merge(report: AuditReport, walks: list[Walked], snapshots: SnapshotCheck) -
     """Fold the walks' findings into the report; the runners at the end and as of the read models' seq."""
     streams: Streams = {}
     captured: Streams | None = None
-    seen = set()
+    # At one seq the chain's problem first, as a walk over every row finds it (it proves a page's chain before
+    # replaying it): the walker of another range may replay that row and find its rules broken too.
+    found = sorted({walked.problem for walked in walks if walked.problem is not None},  # a gap is every walker's
+                   key=lambda problem: (problem.seq is None, problem.seq or 0, problem.kind != "chain"))
+    for problem in found:
+        report.add(*problem)
     for walked in walks:
-        if walked.problem is not None and walked.problem not in seen:  # a gap is every walker's to find
-            seen.add(walked.problem)
-            report.add(*walked.problem)
         streams.update(walked.streams)
         if walked.captured is not None:
             captured = {**(captured or {}), **walked.captured}
