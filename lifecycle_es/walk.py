@@ -63,7 +63,8 @@ class Found(NamedTuple):
 
 class Walked(NamedTuple):
     """What one walk found: its first problem (if any), its runners at the end and as of `position`,
-    the state after each event a snapshot was taken at, and how many rows it read."""
+    the state after each event a snapshot was taken at, and the seq it got through (every row up to it that
+    it was to read was walked: a walk that finished, its head)."""
 
     problem: Found | None
     streams: Streams
