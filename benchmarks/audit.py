@@ -280,8 +280,8 @@ def run(context: Context) -> list[Figure]:
     figures.append(compared(
         "audit.rate.jobs2", f"audit --jobs 2 over {scale['rate_log']:,} events ({load})", "ev/s", two["jobs2"],
         two["jobs1"], "audit --jobs 1", Target(">=", 1.6), samples={**two, "loadavg": [before, after]},
-        note=f"the auditing process and one worker each read every row, check half the chain and replay half the "
-             f"runners (balanced by their events); {os.cpu_count()} "
+        note=f"the auditing process and one worker each check half the chain and replay half the runners "
+             f"(balanced by their events), reading only those rows; {os.cpu_count()} "
              f"CPU(s), shared with whatever else runs ({load}; the 1-minute figure counts this run's own "
              "processes too): the ratio needs two idle CPUs to show"))
 

@@ -278,7 +278,8 @@ def _prove(store: EventStore, report: AuditReport, key: bytes | None, seal_path:
         if not schema:
             report.checks["schema"] = True
         report.head_seq = head.seq
-        report.head_hash = head.hash.hex() if head.seq else None
+        # A head row whose hash is not bytes (smuggled past STRICT) has no hash to show: the chain names its seq.
+        report.head_hash = head.hash.hex() if head.seq and isinstance(head.hash, bytes) else None
         if outside:
             report.add(lowest, None, "chain", f"an event lies outside the chain, at seq {lowest}")
             return
@@ -318,11 +319,13 @@ def _merge(report: AuditReport, walks: list[Walked], snapshots: SnapshotCheck) -
     """Fold the walks' findings into the report; the runners at the end and as of the read models' seq."""
     streams: Streams = {}
     captured: Streams | None = None
-    seen = set()
+    # At one seq the chain's problem first, as a walk over every row finds it (it proves a page's chain before
+    # replaying it): the walker of another range may replay that row and find its rules broken too.
+    found = sorted({walked.problem for walked in walks if walked.problem is not None},  # a gap is every walker's
+                   key=lambda problem: (problem.seq is None, problem.seq or 0, problem.kind != "chain"))
+    for problem in found:
+        report.add(*problem)
     for walked in walks:
-        if walked.problem is not None and walked.problem not in seen:  # a gap is every walker's to find
-            seen.add(walked.problem)
-            report.add(*walked.problem)
         streams.update(walked.streams)
         if walked.captured is not None:
             captured = {**(captured or {}), **walked.captured}

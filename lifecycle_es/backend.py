@@ -168,6 +168,13 @@ class Backend(Protocol):
         bounded by `PAGE_ROWS` and `PAGE_BYTES`; a body beyond `MAX_EVENT_BYTES` is IntegrityError at its seq."""
         ...
 
+    def pages_within(self, *, after: int, through: int, seqs: tuple[int, int],
+                     streams: Sequence[str]) -> Iterator[list[Row]]:
+        """Rows with `after` < seq <= `through` whose seq lies in ``[seqs[0], seqs[1]]`` or whose stream is one
+        of `streams`, in seq order, in pages as `pages` makes them (the same rows, the same IntegrityError
+        for a body beyond the bound or text that does not decode): what one audit walker needs."""
+        ...
+
     def stream_pages(self, stream: str, *, after_version: int) -> Iterator[list[Row]]:
         """One stream's rows with version > `after_version`, in pages (as `pages`)."""
         ...

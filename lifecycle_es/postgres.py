@@ -326,6 +326,15 @@ class PostgresBackend(ServerReadModelTables):
         return paged(lambda start, want: self._page(self._sql.page_stream_seq, (stream, start, want)),
                      after=after, limit=limit)
 
+    def pages_within(self, *, after: int, through: int, seqs: tuple[int, int],
+                     streams: Sequence[str]) -> Iterator[list[Row]]:
+        """Rows with `after` < seq <= `through` whose seq is in ``[seqs[0], seqs[1]]`` or whose stream is one of
+        `streams` (one text[] parameter), in seq order, in pages (see `pages`)."""
+        wanted = list(streams)
+        low, high = seqs
+        return paged(lambda start, want: self._page(self._sql.page_within, (start, through, low, high, wanted, want)),
+                     after=after, limit=None)
+
     def stream_pages(self, stream: str, *, after_version: int) -> Iterator[list[Row]]:
         """One stream's rows with version > `after_version`, in order, in pages (see `pages`)."""
         return stream_paged(lambda start: self._page(self._sql.page_stream, (stream, start, PAGE_ROWS)),

@@ -55,6 +55,9 @@ class Statements:
         self.page_stream_seq = f"{page} WHERE stream = %s AND seq > %s ORDER BY version LIMIT %s"
         self.page_stream = f"{page} WHERE stream = %s AND version > %s ORDER BY version LIMIT %s"
         self.row_at = f"{page} WHERE seq = %s LIMIT %s"
+        # By the seq index, each row tested as it comes: the stream index would need its rows sorted by seq.
+        self.page_within = (f"{page} WHERE seq > %s AND seq <= %s AND (seq BETWEEN %s AND %s"
+                            " OR stream = ANY(%s::text[])) ORDER BY seq LIMIT %s")
         # Each stream after the one before, by the (stream, version) index (stream is COLLATE "C", byte
         # order as SQLite sorts): one seek per stream, not a scan of every event's index entry.
         self.streams = (f"WITH RECURSIVE s(stream) AS (SELECT min(stream) FROM {s}.events UNION ALL"

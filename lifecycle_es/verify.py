@@ -54,19 +54,21 @@ class ChainCheck:
 
     `first`/`last`: the seqs whose links, hashes and times are checked (the rest are only counted, each
     row's hash carried as the next one's ``prev``). `versions`: also check that versions run 1, 2, ...
-    per stream. After the walk, `expected - 1` rows were read, `prev`/`prev_at` are the last row's.
+    per stream. `start`: the seq of the first row it is given (a range's check starts at the row before
+    `first`, which is only counted: it gives the range's first row its ``prev`` and its time to follow).
+    After the walk, rows up to `expected - 1` were read, `prev`/`prev_at` are the last row's.
     """
 
     __slots__ = ("expected", "first", "key", "last", "prev", "prev_at", "versions")
 
     def __init__(self, store_id: bytes, key: bytes | None, *, first: int = 1, last: int | None = None,
-                 versions: bool = False) -> None:
+                 versions: bool = False, start: int = 1) -> None:
         self.key = key
         self.first = first
         self.last = last
         self.prev = chain.genesis(store_id, key)
         self.prev_at = ""
-        self.expected = 1
+        self.expected = start
         self.versions: dict[str, int] | None = {} if versions else None
 
     def row(self, row: Row) -> None:

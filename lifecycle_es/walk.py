@@ -3,8 +3,11 @@
 The audit walks a log once in one process (``jobs=1``: every seq and every runner), or once per walker
 (the auditing process and a worker process for each other part), each checking the chain over its own
 seq range and replaying its own share of the runners (a runner's events depend on nothing but its own
-stream). Every walker reads every row, so each also sees that seqs run 1, 2, ... without a gap. A
-walker stops at its first problem; the first bad seq of the log is the lowest any walker found.
+stream). When the runners were counted (`counted`, `owners`: every runner named), a walker reads only
+the rows of its range, the row before it, and its own runners' rows (`Backend.pages_within`); the ranges
+cover 1..head, and each walker proves its own holds every seq up to its end. Otherwise every walker reads
+every row. A walker stops at its first problem; the first bad seq of the log is the lowest any walker
+found (at one seq, the chain's problem before the rules', as one walk over every row finds it).
 
 The shares are balanced by the runners' event counts (`owners`), the auditing process's share the
 larger by what a worker's start-up costs; a stream no share names (the log changed under the count)
@@ -17,10 +20,12 @@ runner's rows through one `replay.Fold` (the fold commands, projections and rebu
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import time
 import zlib
 from collections.abc import Callable, Collection, Mapping
+from operator import itemgetter
 from typing import NamedTuple
 
 from .backend import Row
@@ -32,6 +37,7 @@ from .store import EventStore
 from .verify import ChainCheck
 from .workers import report_progress
 
+_SEQ = itemgetter(0)
 # Per stream: (state, version, seq of its last event): the shape the read-model check takes.
 Streams = dict[str, tuple[RunnerState, int, int]]
 # A walker of fewer events than this costs more as a process than it saves; shorter logs are walked inline.
@@ -57,7 +63,8 @@ class Found(NamedTuple):
 
 class Walked(NamedTuple):
     """What one walk found: its first problem (if any), its runners at the end and as of `position`,
-    the state after each event a snapshot was taken at, and how many rows it read."""
+    the state after each event a snapshot was taken at, and the seq it got through (every row up to it that
+    it was to read was walked: a walk that finished, its head)."""
 
     problem: Found | None
     streams: Streams
@@ -128,10 +135,17 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
     parts)``, the runners to replay (None: all): those `owned` gives to `part` (see `owners`), and of the
     rest those `share_of` gives it. `position`: capture the replayed runners as of this seq (the read
     models'). `snapshot_seqs`: seqs after which to hand back the replayed state.
+
+    A share of several whose `owned` names every runner reads only what it needs: the rows of its chain
+    range and the one before it (whose hash the range's first row links to), and its own runners' rows.
+    The others' ranges, which `split` makes cover ``[1, head]``, prove the rest; each range's walker proves
+    its range holds every seq up to its end, the last's up to `head`.
     """
     first, last = chain_range if chain_range is not None else (1, 0)
     part, parts = share if share is not None else (0, 1)
-    check = ChainCheck(store.store_id, key, first=first, last=last)
+    own = _own_streams(owned, part) if chain_range is not None and parts > 1 else None
+    start = max(1, first - 1) if own is not None else 1
+    check = ChainCheck(store.store_id, key, first=first, last=last, start=start)
     folds: dict[str, Fold] = {}
     captured: Streams | None = {} if position == 0 else None
     at_snapshots: list[tuple[Row, RunnerState]] = []
@@ -139,22 +153,35 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
     everyone = parts == 1
     kind = "read"
     row: Row | None = None
+    through = 0  # the seq the walk got through: every row up to it that it reads was walked
     try:
         # Text that is not UTF-8, or a body beyond the bound, comes back as the IntegrityError of its row.
-        for rows in store.backend.pages(after=0, stream=None, limit=head):
+        if own is None:
+            pages = store.backend.pages(after=0, stream=None, limit=head)
+        else:
+            pages = store.backend.pages_within(after=0, through=head, seqs=(start, last), streams=own)
+        for rows in pages:
             # The page's chain first, then its rules: a walk stops at its first bad row, so the rows before a
             # row the chain refuses are replayed before that refusal is raised.
             kind = "chain"
-            start = check.expected
+            end = rows[-1][0]
+            chained = rows
+            if own is not None and not (start <= rows[0][0] and end <= last):
+                chained = rows[bisect.bisect_left(rows, start, key=_SEQ):bisect.bisect_right(rows, last, key=_SEQ)]
             refused: Exception | None = None
             try:
-                check.rows(rows)
+                check.rows(chained)
+                if own is not None and end > last:
+                    check.finish(last)  # the range whole before any row beyond it is replayed
             except (IntegrityError, TypeError, AttributeError) as exc:
                 refused = exc
-                rows = rows[:check.expected - start]
+                # Seqs are the table's integer key, in order: the rows before the one refused.
+                rows = rows[:bisect.bisect_left(rows, check.expected, key=_SEQ)]
             kind = "rules"
-            # Contiguous seqs from `start` (the chain proved them): the read models' position is at an index.
-            cut = position - start + 1 if position is not None and start <= position < start + len(rows) else None
+            # The read models' position: the runners as of it, once every row up to it was replayed.
+            cut = None
+            if captured is None and position is not None and rows and position <= rows[-1][0]:
+                cut = bisect.bisect_right(rows, position, key=_SEQ)
             for piece, some in enumerate((rows,) if cut is None else (rows[:cut], rows[cut:])):
                 for row in some:
                     stream = row[1]
@@ -187,29 +214,48 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
             if refused is not None:
                 raise refused
             kind = "read"
+            through = end
             if progress is not None:
-                progress(check.expected - 1)
+                progress(through)
         kind = "chain"
-        check.finish(head)
+        if own is None:
+            check.finish(head)
+        else:
+            check.finish(last)
+            # Its own runners' rows were read to the head: none of them lies beyond the last one read.
+            if captured is None and position is not None and position <= head:
+                captured = _ends(folds)
+            if through < head:
+                through = head
+                if progress is not None:
+                    progress(through)
     except IntegrityError as exc:
         return Walked(Found(exc.seq, exc.stream, kind, exc.reason), _ends(folds), captured, at_snapshots,
-                      _counted(check, kind, row))
+                      _counted(check, kind, row, through))
     except LifecycleError as exc:  # a store error mid-read: tie it to the row being read
-        return Walked(Found(check.expected, None, "read", f"the row could not be read: {exc}"), _ends(folds),
-                      captured, at_snapshots, check.expected - 1)
+        return Walked(Found(through + 1, None, "read", f"the row could not be read: {exc}"), _ends(folds),
+                      captured, at_snapshots, through)
     except (TypeError, AttributeError) as exc:
         # A value of the wrong type (smuggled past STRICT, or read from a damaged page) in a row outside this
         # walker's chain range, whose `chain.link` would have named it: the row's seq is the one just counted.
-        counted = _counted(check, kind, row)
+        counted = _counted(check, kind, row, through)
         return Walked(Found(counted, None, "chain", f"a value of the row is not of the store's types ({exc})"),
                       _ends(folds), captured, at_snapshots, counted)
-    return Walked(None, _ends(folds), captured, at_snapshots, check.expected - 1)
+    return Walked(None, _ends(folds), captured, at_snapshots, max(through, check.expected - 1))
 
 
-def _counted(check: ChainCheck, kind: str, row: Row | None) -> int:
-    """How many rows a walk had counted when it stopped: up to the row it was replaying, else as far as its
-    chain check got."""
-    return row[0] if kind == "rules" and row is not None else check.expected - 1
+def _own_streams(owned: Mapping[str, int] | None, part: int) -> list[str] | None:
+    """The runners `owned` gives to `part`, when it names runners at all and every name is text (else None:
+    the walk reads every row, and `share_of` places what `owned` does not name)."""
+    if not owned or not all(type(stream) is str for stream in owned):
+        return None
+    return [stream for stream, owner in owned.items() if owner == part]
+
+
+def _counted(check: ChainCheck, kind: str, row: Row | None, through: int) -> int:
+    """How far a walk had got when it stopped: up to the row it was replaying, else as far as its chain check
+    or its pages got."""
+    return row[0] if kind == "rules" and row is not None else max(through, check.expected - 1)
 
 
 def _unforeseen(row: Row, exc: Exception) -> IntegrityError:

@@ -68,7 +68,7 @@ class Workers:
     """One worker process per argument tuple, each calling `target` (``"module:function"``) with it.
 
     `progress`: called from the thread that waits in `results` with the smallest count any worker
-    reported so far (every worker reads the whole log, so the slowest is where the pass is). Use as a
+    reported so far (each reports the seq it got through, so the slowest is where the pass is). Use as a
     context manager: leaving it kills workers that are still running.
     """
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +134,10 @@ def build_fleet(path: Path | str, *, key: bytes | None = None, base: Path | None
     return marks
 
 
-def build_long(path: Path | str, events: int = LONG_EVENTS) -> None:
-    """`events` valid events of 10 runners (acquire/settle pairs), appended up to 1000 at a time.
+def build_long(path: Path | str, events: int = LONG_EVENTS, *, chunk: int = 1000, interleaved: bool = False) -> None:
+    """`events` valid events of 10 runners (acquire/settle pairs), appended up to `chunk` at a time: each
+    runner's in turn, or (`interleaved`) a chunk of each runner in turn, so that every runner's events
+    run from the log's start to its end.
 
     The caches lag the log the way they do in life: snapshots and read models rebuilt at 40% of it,
     read models attached until the last batch, which a process without them appended.
@@ -157,8 +160,15 @@ def build_long(path: Path | str, events: int = LONG_EVENTS) -> None:
             batch.append(LeaseSettled(lease_id=lease_id, lease_generation=1, result_digest=DIGEST))
             lease += 1
         batch = batch[:min(per_runner, events - written)]
-        appends += [(runner, batch[start:start + 1000]) for start in range(0, len(batch), 1000)]
+        appends += [(runner, batch[start:start + chunk]) for start in range(0, len(batch), chunk)]
         written += len(batch)
+    if interleaved:
+        turns = Counter[str]()
+        order = []
+        for runner, batch in appends:
+            order.append((turns[runner], runner, batch))
+            turns[runner] += 1
+        appends = [(runner, batch) for _, runner, batch in sorted(order, key=lambda item: item[:2])]
     tail = appends.pop()  # the last batch: appended by a process without the read models
     rebuilt = False
     with EventStore.open(path, durability="normal") as store:

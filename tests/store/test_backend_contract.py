@@ -23,7 +23,7 @@ from faultvfs import FaultVFS
 from pg import Server
 
 from lifecycle_es import audit
-from lifecycle_es.backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Backend
+from lifecycle_es.backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Backend, Row
 from lifecycle_es.backends import open_backend, server_target
 from lifecycle_es.checkpoints import Checkpoint, sign_checkpoint
 from lifecycle_es.errors import (
@@ -122,6 +122,52 @@ class BackendContract:
         assert flat(backend.pages(after=5, stream=None)) == []
         assert flat(backend.stream_pages("a", after_version=1)) == [rows[2], rows[4]]
         assert flat(backend.stream_pages("c", after_version=0)) == []
+
+    def test_pages_within_read_a_seq_range_and_some_streams_in_seq_order(self) -> None:
+        backend, log = self.connect(), LogRows()
+        weird = ["it's", 'we"ird', "back\\slash", "ünï ⊕ 日本 🦀", "x') OR 1=1 --"]
+        rows = log.next(*(["a", "b", "c", *weird] * (PAGE_ROWS // 4)))
+        commit(backend, rows)
+        head = rows[-1][0]
+
+        def within(after: int, through: int, seqs: tuple[int, int], streams: Sequence[str]) -> list[list[Row]]:
+            return list(backend.pages_within(after=after, through=through, seqs=seqs, streams=streams))
+
+        def expected(after: int, through: int, seqs: tuple[int, int], streams: Sequence[str]) -> list[Row]:
+            return [row for row in rows if after < row[0] <= through
+                    and (seqs[0] <= row[0] <= seqs[1] or row[1] in streams)]
+
+        cases = [(0, head, (100, PAGE_ROWS + 50), ["a"]),  # a range across a page's end, one stream beside it
+                 (0, head, (1, 10), weird),  # the log's first rows; streams with quotes, a backslash, SQL
+                 (0, head, (head - 5, head), ["b", "c"]),  # the log's last rows
+                 (0, head, (head - 5, head + 10), []),  # no stream: the range alone, past the head
+                 (0, head, (1, 0), ["c", "no such stream"]),  # an empty range: the streams alone
+                 (50, head - 50, (1, head), []),  # after and through bound the range too
+                 (0, head, (1, head), [])]  # the whole log
+        for after, through, seqs, streams in cases:
+            pages = within(after, through, seqs, streams)
+            assert flat(pages) == expected(after, through, seqs, streams), (after, through, seqs, streams)
+            assert all(0 < len(page) <= PAGE_ROWS for page in pages)
+        whole = within(0, head, (1, head), [])
+        assert [len(page) for page in whole] == [PAGE_ROWS, len(rows) - PAGE_ROWS] and flat(whole) == rows
+        # One stream's rows alone span several pages' worth of seqs and still come back paged by rows.
+        assert [len(page) for page in within(0, head, (1, 0), ["a", "b", "c", *weird])] == [PAGE_ROWS,
+                                                                                          len(rows) - PAGE_ROWS]
+        assert within(0, head, (1, 0), []) == [] and within(head, head + 5, (1, head), ["a"]) == []
+
+    def test_pages_within_meet_an_oversized_body_where_pages_do(self) -> None:
+        backend, log = self.connect(), LogRows()
+        rows = log.next("a", "b") + log.next("b", size=MAX_EVENT_BYTES + 1) + log.next("a", "b")
+        commit(backend, rows)
+        assert flat(backend.pages_within(after=0, through=5, seqs=(1, 1), streams=["a"])) == [rows[0], rows[3]]
+        read = []
+        with pytest.raises(IntegrityError) as caught:
+            for page in backend.pages_within(after=0, through=5, seqs=(5, 5), streams=["b"]):
+                read.extend(page)
+        assert caught.value.seq == 3 and read == [rows[1]]  # the rows before it are read first
+        with pytest.raises(IntegrityError) as caught:
+            flat(backend.pages_within(after=0, through=5, seqs=(2, 4), streams=[]))
+        assert caught.value.seq == 3
 
     def test_a_read_is_paged_by_rows(self) -> None:
         backend, log = self.connect(), LogRows()
@@ -600,6 +646,22 @@ class TestSqliteBackend(BackendContract):
         with contextlib.closing(conn):
             conn.set_busy_timeout(5000)
             conn.execute("CREATE TRIGGER skip BEFORE INSERT ON events BEGIN SELECT RAISE(IGNORE); END")
+
+
+    def test_pages_within_name_text_that_is_not_utf8_at_its_seq(self) -> None:
+        # A file edited by hand: a row's type is bytes that do not decode. A page that reaches it ends before
+        # it, and the page it begins names its seq, as `pages` does; a row not wanted is never decoded.
+        backend, log = self.connect(), LogRows()
+        rows = log.next("a", "b", "a", "b")
+        commit(backend, rows)
+        conn = apsw.Connection(self.path)
+        with contextlib.closing(conn):
+            conn.execute("DROP TRIGGER events_no_update")
+            conn.execute("UPDATE events SET type = CAST(X'ff' AS TEXT) WHERE seq = 3")
+        assert flat(backend.pages_within(after=0, through=4, seqs=(1, 1), streams=["b"])) == [rows[0], rows[1], rows[3]]
+        with pytest.raises(IntegrityError) as caught:
+            flat(backend.pages_within(after=0, through=4, seqs=(1, 0), streams=["a"]))
+        assert caught.value.seq == 3 and "not valid UTF-8" in caught.value.reason
 
 
 class TestPostgresBackend(BackendContract):

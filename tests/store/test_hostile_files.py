@@ -693,6 +693,21 @@ def _row_at(path: Path, seq: int) -> list[Any]:
         conn.close()
 
 
+@pytest.mark.parametrize("value", [0, "ab"])
+def test_a_head_whose_hash_is_not_bytes_is_named_at_its_seq(template: Template, example_dir: Callable[[], Any],
+                                                            value: object) -> None:
+    """The report shows the head's hash as hex: a head row's hash smuggled past STRICT has none to show."""
+    with example_dir() as directory:
+        path = Path(directory) / "head.db"
+        path.write_bytes(template.data)
+        edit_store(path, Edits([("UPDATE events SET hash = ? WHERE seq = ?", (value, template.head))], "restored"),
+                   rechain=False)
+        done = audit(path, as_json=True)
+        assert done.returncode == 65 and "Traceback" not in done.stderr, done.stderr
+        report = json.loads(done.stdout)
+        assert (report["first_bad_seq"], report["head_hash"]) == (template.head, None), report
+
+
 def test_the_template_itself_passes_both_ways(template: Template, example_dir: Callable[[], Any]) -> None:
     """The baseline every hostile case departs from: an unedited copy is whole, in-process and audited."""
     with example_dir() as directory:
