@@ -10,8 +10,13 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from lifecycle_es.errors import IntegrityError, InvalidInputError
+from lifecycle_es.fold_parts import fold_in_parts
 from lifecycle_es.replay import Folded, fold_log, write_snapshot
+from lifecycle_es.state import RunnerState
 from lifecycle_es.store import EventStore
+from lifecycle_es.values import shown
+from lifecycle_es.walk import split
 
 from .read_models import write_runner
 
@@ -25,13 +30,18 @@ class RebuildReport(NamedTuple):
     seconds: float
 
 
-def rebuild(store: EventStore, *, progress: Callable[[int, int], None] | None = None) -> RebuildReport:
+def rebuild(store: EventStore, *, progress: Callable[[int, int], None] | None = None,
+            jobs: int = 1) -> RebuildReport:
     """Drop and rebuild snapshots and the read models from the log alone, in one transaction.
 
     Snapshots are tagged (see ``lifecycle_es.replay``): a keyed store opened without its key cannot
     tag them, so its rebuild raises StoreKeyError and changes nothing. `progress`: called with (events
-    replayed, events in the log) as the replay goes; the library draws nothing.
+    replayed, events in the log) as the replay goes; the library draws nothing. `jobs`: processes sharing
+    the replay, this one and ``jobs - 1`` workers reading the store at ``store.path`` (a log under 10,000
+    events a process is replayed in this one alone; see ``lifecycle_es.fold_parts``).
     """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise InvalidInputError("jobs", f"jobs is invalid: {shown(jobs)} is not a count of processes (>= 1)")
     started = time.perf_counter()
     with store.transaction("rebuild") as tx:
         backend = tx.store.backend
@@ -40,18 +50,38 @@ def rebuild(store: EventStore, *, progress: Callable[[int, int], None] | None = 
         backend.create_read_models(indexes=False)
         head = store.head().seq
         tell = (lambda seq: progress(seq, head)) if progress is not None else None
-        # Each runner folded into a draft and frozen once (the rules and errors of replay_all).
-        folds = fold_log(store, progress=tell)
+        parts = len(split(head, jobs)) if jobs > 1 else 1
+        ends = _ends(store, head, parts, tell)
         count = 0
         snapshots = 0
-        for stream, folding in folds.items():
-            state, digest = folding.state(), folding.hash
-            assert state is not None and digest is not None
-            count += folding.steps
-            write_runner(store, None, state, folding.version, folding.seq)
-            if write_snapshot(store, stream, Folded(state, folding.version, folding.seq), digest):
+        for stream, (state, version, seq, digest) in ends.items():
+            count += version
+            write_runner(store, None, state, version, seq)
+            if write_snapshot(store, stream, Folded(state, version, seq), digest):
                 snapshots += 1
         backend.create_read_model_indexes()
         if count:
             backend.set_read_model_position(head)
-    return RebuildReport(count, len(folds), snapshots, time.perf_counter() - started)
+    return RebuildReport(count, len(ends), snapshots, time.perf_counter() - started)
+
+
+def _ends(store: EventStore, head: int, parts: int,
+          tell: Callable[[int], None] | None) -> dict[str, tuple[RunnerState, int, int, bytes]]:
+    """Each runner's state, version, seq and hash of its last event: folded here, or by `parts` processes."""
+    if parts <= 1:
+        # Each runner folded into a draft and frozen once (the rules and errors of replay_all).
+        ends = {}
+        for stream, folding in fold_log(store, progress=tell).items():
+            state, digest = folding.state(), folding.hash
+            assert state is not None and digest is not None
+            ends[stream] = (state, folding.version, folding.seq, digest)
+        return ends
+    found = fold_in_parts(store, head=head, jobs=parts, progress=tell)
+    out = {}
+    for stream in sorted(found):
+        state, version, seq = found[stream]
+        row = store.backend.row_at(seq)
+        if row is None or row[1] != stream:  # the log moved under the fold: never while this transaction holds it
+            raise IntegrityError(seq, f"the last event of {stream!r} is not at seq {seq} any more", stream=stream)
+        out[stream] = (state, version, seq, row[7])
+    return out

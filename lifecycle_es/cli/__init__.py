@@ -5,7 +5,7 @@
     lifecycle-es show FILE [RUNNER] [--at SEQ] [-j]
     lifecycle-es events FILE [-r R] [--after SEQ] [--since T] [--until T] [-n N|all] [-f] [-j]
     lifecycle-es timeline FILE [-r R ...] [--since T] [--until T] [-n N] -o OUT.svg
-    lifecycle-es rebuild FILE [-k KEY_FILE]
+    lifecycle-es rebuild FILE [-k KEY_FILE] [--jobs N]
     lifecycle-es seal FILE [-k KEY_FILE] [--no-verify] [--sign KEY [--checkpoints CP]]
     lifecycle-es keygen FILE [--name NAME]
     lifecycle-es export FILE OUT.jsonl [--checkpoints CP]
