@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fleets import KEY, fleet_in, long_in
+from fleets import KEY, build_long, fleet_in, long_in
 from pg import NEED, Server, binaries, cluster
 from targets import Places
 
@@ -80,6 +80,15 @@ def keyed_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def long_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A log long enough for the audit's worker processes (two ranges and a bit)."""
     return long_in(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def interleaved_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A log long enough for two audit walkers or rebuild processes, its runners' events interleaved from its
+    start to its end (so that each share of the runners has events in every seq range)."""
+    path = tmp_path_factory.mktemp("interleaved") / "interleaved.db"
+    build_long(path, chunk=250, interleaved=True)
+    return path
 
 
 @pytest.fixture(scope="session")

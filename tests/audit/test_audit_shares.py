@@ -9,27 +9,23 @@ each walker's runners have events in the other walker's range.
 from __future__ import annotations
 
 import contextlib
-import shutil
 from pathlib import Path
 
 import apsw
 import pytest
-from fleets import attack, build_long, rechain
+from fleets import attack, copy_store, rechain
 
 from lifecycle_es import AuditReport, EventStore, audit
 from lifecycle_es.walk import counted, open_for_audit, owners, split
 
 
-@pytest.fixture(scope="module")
-def interleaved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("interleaved") / "interleaved.db"
-    build_long(path, chunk=250, interleaved=True)
-    return path
+@pytest.fixture
+def interleaved(interleaved_log: Path) -> Path:
+    return interleaved_log
 
 
 def copied(source: Path, target: Path) -> Path:
-    shutil.copyfile(source, target)
-    return target
+    return copy_store(source, target, seal=False)
 
 
 def shares(path: Path) -> tuple[list[tuple[int, int]], dict[str, int]]:

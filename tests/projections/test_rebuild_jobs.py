@@ -5,12 +5,11 @@ log the rules refuse fails at the same seq and changes nothing; bad `jobs` is re
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fleets import attack, build_long, rechain, run
+from fleets import attack, build_long, copy_store, rechain, run
 
 from lifecycle_es import EventStore, audit
 from lifecycle_es.errors import IntegrityError, InvalidInputError
@@ -18,16 +17,13 @@ from lifecycle_es.walk import counted, owners, split
 from projections import rebuild
 
 
-@pytest.fixture(scope="module")
-def long_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("rebuild") / "long.db"
-    build_long(path, chunk=250, interleaved=True)
-    return path
+@pytest.fixture
+def long_log(interleaved_log: Path) -> Path:
+    return interleaved_log
 
 
 def copied(source: Path, target: Path) -> Path:
-    shutil.copyfile(source, target)
-    return target
+    return copy_store(source, target, seal=False)
 
 
 def caches(store: EventStore) -> dict[str, Any]:
