@@ -273,8 +273,8 @@ def run(context: Context) -> list[Figure]:
         "audit.rebuild.jobs2", f"projections.rebuild(jobs=2) over {scale['rate_log']:,} events (load average "
         f"{before[0]:.2f} before, {after[0]:.2f} after)", "ev/s", one["rebuild2"], one["bare"], "bare replay loop",
         Target(">=", 0.5), samples=one,
-        note=f"this process and one worker each fold half the runners (balanced by their events), reading every "
-             f"row; {os.cpu_count()} CPU(s), shared with whatever else runs"))
+        note=f"this process and one worker each fold half the runners (balanced by their events), reading only "
+             f"those runners' rows; {os.cpu_count()} CPU(s), shared with whatever else runs"))
     figures.append(compared(
         "audit.rate.jobs1", f"audit --jobs 1 over {scale['rate_log']:,} events", "ev/s", one["ours"], one["bare"],
         "bare replay loop", Target(">=", 0.5), samples=one,
