@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from lifecycle_es.errors import IntegrityError, InvalidInputError
+from lifecycle_es.errors import IntegrityError
 from lifecycle_es.fold_parts import fold_in_parts
 from lifecycle_es.replay import Folded, fold_log, write_snapshot
 from lifecycle_es.state import RunnerState
 from lifecycle_es.store import EventStore
-from lifecycle_es.values import shown
+from lifecycle_es.values import safe_int
 from lifecycle_es.walk import split
 
 from .read_models import write_runner
@@ -40,8 +40,7 @@ def rebuild(store: EventStore, *, progress: Callable[[int, int], None] | None = 
     the replay, this one and ``jobs - 1`` workers reading the store at ``store.path`` (a log under 10,000
     events a process is replayed in this one alone; see ``lifecycle_es.fold_parts``).
     """
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise InvalidInputError("jobs", f"jobs is invalid: {shown(jobs)} is not a count of processes (>= 1)")
+    jobs = safe_int(jobs, "jobs", 1)
     started = time.perf_counter()
     with store.transaction("rebuild") as tx:
         backend = tx.store.backend
@@ -50,7 +49,7 @@ def rebuild(store: EventStore, *, progress: Callable[[int, int], None] | None = 
         backend.create_read_models(indexes=False)
         head = store.head().seq
         tell = (lambda seq: progress(seq, head)) if progress is not None else None
-        parts = len(split(head, jobs)) if jobs > 1 else 1
+        parts = len(split(head, jobs))  # one, or none for an empty log, unless the log is long enough to share
         ends = _ends(store, head, parts, tell)
         count = 0
         snapshots = 0
