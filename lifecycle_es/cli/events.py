@@ -207,7 +207,8 @@ def last_events(store: EventStore, count: int, *, runner: str | None = None, aft
     floor = after + 1 if runner is None else 1  # seqs of the log are positions; a stream's versions are not
     while high >= floor and have < count:
         low = max(floor, high - size + 1)
-        kept: deque[RecordedEvent] = deque(maxlen=count - have)
+        # A chunk keeps no more than it holds: a count beyond any log (-n 10**30) is no deque length.
+        kept: deque[RecordedEvent] = deque(maxlen=min(count - have, high - low + 1))
         reached_after = False
         for recorded in chunk(low, high):
             if recorded.seq <= after:

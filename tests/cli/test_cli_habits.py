@@ -136,6 +136,18 @@ def test_events_n_prints_the_last_n_of_what_is_selected(fleet_log: FleetLog, eve
     assert run("events", path, "-n", "-1").returncode == 64
 
 
+@pytest.mark.parametrize("count", [2**63, 10**30], ids=["2**63", "10**30"])
+def test_events_n_beyond_any_log_prints_every_event(fleet_log: FleetLog, every_event: list[dict[str, Any]],
+                                                    count: int) -> None:
+    path = fleet_log[0]
+    assert json_lines(run("events", path, "-n", str(count), "-j")) == every_event
+    assert json_lines(run("events", path, "-r", "runner-1", "-n", str(count), "-j")) == [
+        event for event in every_event if event["stream"] == "runner-1"]
+    with EventStore.open(path, read_only=True) as store:
+        assert [r.seq for r in last_events(store, count, keep=lambda r: r.seq % 2 == 0)] == [
+            event["seq"] for event in every_event if event["seq"] % 2 == 0]
+
+
 def test_events_since_and_until_select_by_time(fleet_log: FleetLog, every_event: list[dict[str, Any]]) -> None:
     path = fleet_log[0]
     times = sorted({event["at"] for event in every_event})
