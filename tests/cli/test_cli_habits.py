@@ -75,6 +75,36 @@ def test_a_runner_id_that_cannot_be_one_is_bad_usage_before_the_file_is_read(tmp
         assert done.returncode == 64 and "'no spaces!' is not an id" in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("argv", [
+    ("events", "--after", "99999999999999999999"),
+    ("events", "--after", "99999999999999999999", "-n", "5"),
+    ("events", "--after", "9007199254740992", "-f"),
+    ("show", "--at", "99999999999999999999"),
+    ("show", "runner-0", "--at", "9007199254740992"),
+    ("rebuild", "--jobs", "99999999999999999999"),
+    ("timeline", "-n", "99999999999999999999", "-o", "OUT"),
+], ids=" ".join)
+def test_a_seq_or_count_no_store_holds_is_bad_usage_naming_its_option(fleet_log: FleetLog, tmp_path: Path,
+                                                                      argv: tuple[str, ...]) -> None:
+    from fleets import store_bytes
+
+    path, out = fleet_log[0], tmp_path / "out.svg"
+    before = store_bytes(path)
+    command, *rest = argv
+    done = run(command, path, *(str(out) if arg == "OUT" else arg for arg in rest), timeout=60)
+    assert done.returncode == 64 and done.stdout == "", done.stderr
+    option = next(arg for arg in rest if arg.startswith("-") and arg != "-f")
+    assert f"error: argument {option}" in done.stderr and "is more than 9007199254740991" in done.stderr, done.stderr
+    assert store_bytes(path) == before and not out.exists()
+
+
+def test_a_seq_that_is_no_number_is_shown_cut_short(fleet_log: FleetLog) -> None:
+    done = run("show", fleet_log[0], "--at", "9" * 5000 + "x")
+    assert done.returncode == 64 and "error: argument --at: '99999" in done.stderr
+    assert "... is not an integer" in done.stderr
+    assert len(done.stderr) < 400, done.stderr
+
+
 # --- short options -----------------------------------------------------------------------------------
 
 
