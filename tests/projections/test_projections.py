@@ -25,6 +25,7 @@ from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle,
 from lifecycle_es.backends import is_url
 from lifecycle_es.caches import SnapshotCheck, check_read_models
 from lifecycle_es.errors import StaleFenceError, StoreKeyError
+from lifecycle_es.events import LeaseAcquired
 from lifecycle_es.receipts import project
 from lifecycle_es.replay import TAG_BYTES, load, snapshot_blob, snapshot_of
 from lifecycle_es.runner import apply
@@ -237,6 +238,27 @@ def test_read_models_catch_up_on_the_next_append_after_another_writer(tmp_path: 
         # The next append through the attached store folds in the events it missed, in its transaction.
         mine.request_drain(expected_generation=1)
         assert fleet_.store.backend.read_model_position() == fleet_.store.head().seq == 5
+        assert check_read_models(fleet_.store, replayed(fleet_.store)) == []
+
+
+def test_read_models_never_fold_from_a_write_that_rolled_back(tmp_path: Path, store_target: str) -> None:
+    fleet_ = open_fleet(tmp_path, store_target)
+    with fleet_.store, EventStore.open(fleet_.path, now=fleet_.clock) as other:
+        attach(fleet_.store)
+        attach(other)  # another process with the read models attached, writing the same runner
+        mine, theirs = fleet_.handle("runner-a"), fleet_.handle("runner-a", store=other)
+        mine.initialize()
+        at = iso(fleet_.clock.ms)
+        phantom = LeaseAcquired(lease_id="lease-never", session_id="session-0", lease_generation=1, issued_at=at,
+                                expires_at=iso(fleet_.clock.ms + 60_000), proxy_authority=fleet_.proxy())
+        with pytest.raises(RuntimeError), fleet_.store.transaction("changed its mind") as tx:
+            tx.append("runner-a", [phantom])
+            raise RuntimeError("rolled back: the lease was never acquired")
+        # The other writer appends at the version the rolled-back write had, and the read models follow it.
+        lease = theirs.acquire_lease(session_id="session-1", expected_generation=1, proxy_authority=fleet_.proxy())
+        # This writer's next append folds the read models from the log, not from what it rolled back.
+        mine.settle_lease(lease_id=lease.lease.id, lease_generation=1, result_digest=RESULT)
+        assert fleet_.store.backend.read_model_position() == fleet_.store.head().seq == 3
         assert check_read_models(fleet_.store, replayed(fleet_.store)) == []
 
 
