@@ -93,7 +93,8 @@ def states_at(store: EventStore, seq: int | None = None, *,
     Each runner starts from its snapshot when the snapshot is no later than `seq` and its tag proves it
     (any other is ignored: that runner is replayed from its first event), and folds only its own events
     after it. When no runner has such a snapshot, the log is folded in one pass instead, which reads it
-    in order. `progress`: called with (done, total): runners, or events of a one-pass replay.
+    in order. `progress`: called with (done, total) events folded, after each runner (after each page of
+    a one-pass replay): the events up to `seq` that no snapshot covers.
     """
     head = store.head().seq
     until = head if seq is None else min(safe_int(seq, "seq"), head)
@@ -111,12 +112,19 @@ def states_at(store: EventStore, seq: int | None = None, *,
             assert state is not None
             states[stream] = state
         return states
-    for done, stream in enumerate(streams, 1):
-        state = load(store, stream, base=bases.get(stream, EMPTY), until_seq=until).state
-        if state is not None:  # a runner whose first event is after `seq` was not there yet
-            states[stream] = state
+    # Seqs count the events up to `until`, and a snapshot's version the ones of its runner it covers: what is left
+    # is the tails, a total in events as the one-pass replay's (a count of runners would draw no bar for a few
+    # runners with long tails after old snapshots).
+    total = until - sum(base.version for base in bases.values())
+    done = 0
+    for stream in streams:
+        base = bases.get(stream, EMPTY)
+        folded = load(store, stream, base=base, until_seq=until)
+        if folded.state is not None:  # a runner whose first event is after `seq` was not there yet
+            states[stream] = folded.state
         if progress is not None:
-            progress(done, len(streams))
+            done += folded.version - base.version
+            progress(done, total)
     return states
 
 

@@ -473,6 +473,24 @@ def test_the_progress_bar_draws_on_a_terminal_only() -> None:
     assert short.getvalue() == ""  # a short log is over before a bar would help
 
 
+def test_show_draws_progress_for_long_tails_after_old_snapshots(long_log: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    with EventStore.open(long_log, read_only=True) as store:
+        snapshots = [store.backend.snapshot(runner) for runner in store.streams()]
+        tails = store.head().seq - sum(found[0] for found in snapshots if found is not None)
+    assert any(snapshots)
+    # Ten runners, thousands of events each after its snapshot or without one: the bar counts those events.
+    monkeypatch.setattr(render, "PROGRESS_MIN_TOTAL", tails)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert cli_main(["show", str(long_log)]) == 0
+    drawn = sys.stderr.getvalue()
+    assert "\rshow [" in drawn and f"{tails:,}/{tails:,}" in drawn and drawn.endswith("\r\x1b[2K"), drawn
+
+
 @pytest.mark.parametrize("command", ["show", "rebuild", "export"])
 def test_show_rebuild_and_export_draw_progress_on_a_terminal_only(command: str, fleet_log: FleetLog, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:

@@ -598,6 +598,19 @@ def test_states_at_without_any_snapshot_folds_the_log_in_one_pass(mixed: Fleet,
     assert seen[-1] == (store.head().seq, store.head().seq)
 
 
+def test_states_at_from_snapshots_tells_its_progress_in_events_of_the_tails(mixed: Fleet) -> None:
+    store = mixed.store
+    truth = replay(store)
+    sql(mixed.path, "DELETE FROM snapshots WHERE stream = 'runner-e'")  # folded from its first event
+    snapshots = _stored_snapshots(store)
+    assert sorted(snapshots) == sorted(RUNNERS)[:-1]
+    tails = store.head().seq - sum(version for version, *_ in snapshots.values())
+    seen: list[tuple[int, int]] = []
+    assert states_at(store, progress=lambda done, total: seen.append((done, total))) == truth
+    assert {total for _, total in seen} == {tails} and seen[-1] == (tails, tails)
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+
+
 def test_read_models_follow_the_projection_retention_while_the_log_keeps_every_lease(tmp_path: Path,
                                                                                    store_target: str) -> None:
     clock = FakeClock(T0)
