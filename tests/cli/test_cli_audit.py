@@ -473,6 +473,20 @@ def test_the_progress_bar_draws_on_a_terminal_only() -> None:
     assert short.getvalue() == ""  # a short log is over before a bar would help
 
 
+def test_a_bar_for_a_library_call_tells_the_rate_since_the_call_began(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    now = [100.0]
+    monkeypatch.setattr(render.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    bar = render.Bar("show")
+    now[0] += 2.0  # the first page took two seconds before the first call
+    bar(PROGRESS_MIN_TOTAL // 2, PROGRESS_MIN_TOTAL)
+    assert f"(50%, {PROGRESS_MIN_TOTAL // 4:,}/s)" in sys.stderr.getvalue(), sys.stderr.getvalue()
+
+
 def test_show_draws_progress_for_long_tails_after_old_snapshots(long_log: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     class Terminal(io.StringIO):
