@@ -487,6 +487,30 @@ def test_a_bar_for_a_library_call_tells_the_rate_since_the_call_began(monkeypatc
     assert f"(50%, {PROGRESS_MIN_TOTAL // 4:,}/s)" in sys.stderr.getvalue(), sys.stderr.getvalue()
 
 
+@pytest.mark.parametrize(("command", "edit"), [
+    ("show", "UPDATE events SET body = x'7b' WHERE seq = 5000"),  # a body that is no JSON: the fold stops there
+    ("rebuild", "UPDATE events SET body = x'7b' WHERE seq = 5000"),
+    ("export", "UPDATE events SET stream = CAST(x'72756eff' AS TEXT) WHERE seq = 5000"),  # export decodes no body
+])
+def test_a_command_that_fails_midway_erases_its_bar_before_its_error_line(command: str, edit: str, long_log: Path,
+                                                                          tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    path = copy_store(long_log, tmp_path / "edited.db")
+    attack(path, (edit, ()))
+    edit_caches(path, ("DELETE FROM snapshots", ()))  # show folds the log in one pass, as far as the edited row
+    monkeypatch.setattr(render, "PROGRESS_MIN_TOTAL", 1)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    out = [str(tmp_path / "export.jsonl")] if command == "export" else []
+    assert cli_main([command, str(path), *out]) == 65
+    drawn = sys.stderr.getvalue()
+    assert f"\r{command} [" in drawn and drawn.endswith("\n") and drawn.count("\n") == 1, drawn
+    assert f"\r\x1b[2Klifecycle-es {command}: error: integrity failure at seq 5000" in drawn, drawn
+
+
 def test_show_draws_progress_for_long_tails_after_old_snapshots(long_log: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     class Terminal(io.StringIO):
