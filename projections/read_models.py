@@ -22,6 +22,7 @@ from lifecycle_es.read_model import LEASE_COLUMNS, RUNNER_COLUMNS, lease_row, ru
 from lifecycle_es.replay import Folded, fold, load
 from lifecycle_es.state import RunnerState
 from lifecycle_es.store import EventStore
+from lifecycle_es.values import MAX_SAFE_INTEGER
 
 __all__ = ["LEASE_COLUMNS", "RUNNER_COLUMNS", "ReadModels", "attach", "read_lease_rows", "read_runner_rows",
            "write_runner"]
@@ -61,7 +62,9 @@ class ReadModels:
         self._folded: dict[str, tuple[Folded, bytes]] = {}
 
     def _position(self, store: EventStore) -> int:
-        return store.backend.read_model_position() or 0
+        position = store.backend.read_model_position() or 0
+        # A row edited outside the store to a seq no log can have: the tables are caught up from the start.
+        return position if 0 <= position <= MAX_SAFE_INTEGER else 0
 
     def catch_up(self, store: EventStore, *, until_seq: int | None = None) -> None:
         """Create the tables if needed and apply every event after the recorded position."""

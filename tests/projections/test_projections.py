@@ -241,6 +241,17 @@ def test_read_models_catch_up_on_the_next_append_after_another_writer(tmp_path: 
         assert check_read_models(fleet_.store, replayed(fleet_.store)) == []
 
 
+@pytest.mark.parametrize("position", [-1, 2**60], ids=["negative", "beyond-any-seq"])
+def test_a_read_model_position_no_log_can_have_is_caught_up_from_the_start(mixed: Fleet, position: int) -> None:
+    head = mixed.store.head().seq
+    sql(mixed.path, "UPDATE read_model_position SET seq = ?", (position,))
+    sql(mixed.path, "DELETE FROM leases WHERE runner_id = 'runner-a'")
+    with EventStore.open(mixed.path, now=mixed.clock) as store:
+        attach(store)  # caught up, where the edited row made every attach and append refuse as bad input
+        assert store.backend.read_model_position() == head
+        assert check_read_models(store, replayed(store)) == []
+
+
 def test_read_models_never_fold_from_a_write_that_rolled_back(tmp_path: Path, store_target: str) -> None:
     fleet_ = open_fleet(tmp_path, store_target)
     with fleet_.store, EventStore.open(fleet_.path, now=fleet_.clock) as other:
