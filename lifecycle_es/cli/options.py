@@ -25,15 +25,26 @@ def runner_id(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+# The times ISO-8601 spells with four-digit years, in UTC: 0001-01-01T00:00:00.000Z to 9999-12-31T23:59:59.999Z.
+FIRST_MS, LAST_MS = -62_135_596_800_000, 253_402_300_799_999
+
+
 def when(text: str) -> int:
-    """An argparse type: epoch ms of an ISO-8601 time; one without an offset is UTC, a date alone its midnight."""
+    """An argparse type: epoch ms of an ISO-8601 time; one without an offset is UTC, a date alone its midnight.
+
+    Its offset may not take it outside the years 0001 to 9999 in UTC, which no time can be spelled in.
+    """
     value = text.strip()
     if len(value) <= 64 and value.isascii():
         for candidate in (value, value + "Z", value + "T00:00:00Z"):
             try:
-                return parse_iso_ms(candidate)
+                epoch_ms = parse_iso_ms(candidate)
             except (ValueError, OverflowError):
                 continue
+            if not FIRST_MS <= epoch_ms <= LAST_MS:
+                raise argparse.ArgumentTypeError(f"{text!r} is outside the years 0001 to 9999 in UTC: give a time "
+                                                 "inside them")
+            return epoch_ms
     raise argparse.ArgumentTypeError(f"{text[:64]!r} is not an ISO-8601 time (like 2026-03-02T10:00:00Z)")
 
 

@@ -98,6 +98,22 @@ def test_a_seq_or_count_no_store_holds_is_bad_usage_naming_its_option(fleet_log:
     assert store_bytes(path) == before and not out.exists()
 
 
+@pytest.mark.parametrize("argv", [
+    ("events", "--since", "0001-01-01T00:00:00+14:00"),
+    ("events", "--until", "9999-12-31T23:59:59-14:00"),
+    ("timeline", "--since", "0001-01-01T00:00:00+14:00", "-o", "OUT"),
+    ("timeline", "--until", "9999-12-31T23:59:59-14:00", "-o", "OUT"),
+], ids=" ".join)
+def test_a_time_outside_the_years_iso_8601_spells_is_bad_usage_naming_its_option(
+        fleet_log: FleetLog, tmp_path: Path, argv: tuple[str, ...]) -> None:
+    path, out = fleet_log[0], tmp_path / "out.svg"
+    command, option, value, *rest = argv
+    done = run(command, path, option, value, *(str(out) if arg == "OUT" else arg for arg in rest), timeout=60)
+    assert done.returncode == 64 and done.stdout == "", done.stderr
+    assert f"error: argument {option}: '{value}' is outside the years 0001 to 9999" in done.stderr, done.stderr
+    assert not out.exists()
+
+
 def test_a_seq_that_is_no_number_is_shown_cut_short(fleet_log: FleetLog) -> None:
     done = run("show", fleet_log[0], "--at", "9" * 5000 + "x")
     assert done.returncode == 64 and "error: argument --at: '99999" in done.stderr
