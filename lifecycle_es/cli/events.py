@@ -38,7 +38,7 @@ from lifecycle_es.store import EventStore
 
 from .access import int_at_least, open_store
 from .exits import EXIT_OK, EXIT_USAGE, CommandError, json_printable, no_runner, printable
-from .options import ALL, lines, runner_id, when
+from .options import ALL, lines, runner_id, when, window_order
 
 MAX_FIELD_CHARS = 60
 FOLLOW_LINES = 10  # what -f alone prints before following, as journalctl -f
@@ -75,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
     """Print the events; with -f, then every later one until a signal says stop."""
     if args.follow and args.until is not None:
         raise CommandError(EXIT_USAGE, "--until ends a window that -f would follow past: leave one of them out")
-    if args.since is not None and args.until is not None and args.since > args.until:
-        raise CommandError(EXIT_USAGE, "--since is after --until: the window is empty")
+    empty = window_order(args.since, args.until)
+    if empty is not None:
+        raise CommandError(EXIT_USAGE, empty)
     count = args.lines
     if count is None:
         count = FOLLOW_LINES if args.follow and args.after is None and args.since is None else ALL

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from lifecycle_es.canonical import parse_iso_ms
+from lifecycle_es.canonical import iso_ms, parse_iso_ms
 from lifecycle_es.values import safe_id
 
-__all__ = ["ALL", "lines", "runner_id", "when"]
+__all__ = ["ALL", "lines", "runner_id", "when", "window_order"]
 
 ALL = -1  # what ``-n all`` parses to: no limit
 
@@ -46,6 +46,14 @@ def when(text: str) -> int:
                                                  "inside them")
             return epoch_ms
     raise argparse.ArgumentTypeError(f"{text[:64]!r} is not an ISO-8601 time (like 2026-03-02T10:00:00Z)")
+
+
+def window_order(since_ms: int | None, until_ms: int | None) -> str | None:
+    """Why ``--since``/``--until`` select nothing, when the first is after the second (else None)."""
+    if since_ms is None or until_ms is None or since_ms <= until_ms:
+        return None
+    return (f"--since {iso_ms(since_ms)} is after --until {iso_ms(until_ms)}: the window holds nothing; give "
+            "--since the earlier time")
 
 
 def lines(text: str) -> int:
