@@ -211,9 +211,10 @@ def test_events_since_and_until_select_by_time(fleet_log: FleetLog, every_event:
     assert json_lines(run("events", path, "--since", east, "--until", high, "-j")) == inside
     assert json_lines(run("events", path, "--since", "1999-12-31", "-j")) == every_event
     assert json_lines(run("events", path, "--until", "1999-12-31", "-j")) == []
-    for command in (("events",), ("timeline", "-o", "never.svg")):
+    never = path.parent / "never.svg"
+    for command in (("events",), ("timeline", "-o", str(never))):
         done = run(command[0], path, "--since", high, "--until", low, *command[1:])
-        assert done.returncode == 64 and not Path("never.svg").exists()
+        assert done.returncode == 64 and not never.exists()
         assert one_error_line(done) == (f"lifecycle-es {command[0]}: error: --since {high} is after --until {low}: "
                                         "the window holds nothing; give --since the earlier time")
     assert run("events", path, "-f", "--until", high).returncode == 64  # a follow has no end in time
