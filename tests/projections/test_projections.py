@@ -352,6 +352,29 @@ def test_a_wrong_state_under_a_right_hash_is_caught_by_the_audit_check_and_rebui
     assert mixed.handle(runner_id).state() == replayed(store)[runner_id][0]
 
 
+@pytest.mark.parametrize("impossible", [{"state": "bogus"}, {"lease_status": "weird"}], ids=["state", "lease status"])
+def test_a_tagged_snapshot_of_a_state_no_replay_can_leave_is_ignored(mixed: Fleet, impossible: dict[str, str]) -> None:
+    store = mixed.store
+    version, seq, _, event_hash = store.backend.snapshot("runner-a")  # type: ignore[misc]
+    then = load(store, "runner-a", use_snapshot=False, until_seq=seq).state
+    assert then is not None and then.leases
+    if "state" in impossible:
+        wrong = msgspec.structs.replace(then, state=impossible["state"])
+    else:
+        lease = msgspec.structs.replace(then.leases[0], status=impossible["lease_status"])
+        wrong = msgspec.structs.replace(then, leases=(lease, *then.leases[1:]))
+    # Tagged as the store tags (an unkeyed file's editor can), with a value the rules never leave.
+    blob = snapshot_blob(store, "runner-a", version, seq, event_hash, encode_state(wrong))
+    sql(mixed.path, "UPDATE snapshots SET state = ? WHERE stream = ?", (blob, "runner-a"))
+    assert snapshot_of(store, "runner-a") is None
+    for at in (seq, store.head().seq):  # at the snapshot's seq no event of runner-a is folded after it
+        truth = truncated_replay(store, at)
+        assert states_at(store, at) == truth
+        assert fleet(store, at_seq=at).runners == {runner: project(state) for runner, state in sorted(truth.items())}
+        assert state_at(store, "runner-a", at) == truth["runner-a"]
+    assert mixed.handle("runner-a").state() == replay(store)["runner-a"]
+
+
 # --- snapshots a command may trust: only those it can prove ---------------------------------------------
 
 KEY = bytes(range(32))
