@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleets import CLI, KEY, copy_store, long_in, one_error_line, run
+from fleets import CLI, HOOK, KEY, attack, copy_store, long_in, one_error_line, run
 
-from lifecycle_es import EventStore, ProxyAuthority, RunnerLifecycle
+from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms, parse_iso_ms
 from lifecycle_es.cli.events import last_events, seq_window, window
+from lifecycle_es.events import RUNNER_SCHEMA, LeaseAcquired, RunnerInitialized
 from lifecycle_es.replay import load
 
 FleetLog = tuple[Path, dict[str, int]]
@@ -279,6 +280,28 @@ def test_last_events_reads_back_from_the_head_not_the_whole_log(tmp_path_factory
         assert sum(fetched) == 3
     assert [json.loads(line)["seq"] for line in run("events", path, "-n", "3", "-j").stdout.splitlines()] == [
         head - 2, head - 1, head]
+
+
+def test_the_last_events_of_a_stream_that_lost_a_row_are_each_printed_once(tmp_path: Path) -> None:
+    path, start = tmp_path / "edited.db", parse_iso_ms("2026-01-01T00:00:00Z")
+    with EventStore.open(path) as store:
+        store.append_unchecked("runner-1", [RunnerInitialized(
+            schema=RUNNER_SCHEMA, runner_id="runner-1", target="local", base_dir="/srv/runner-1",
+            resources=Resources(cpu_seconds=600, memory_bytes=1 << 30), post_session_hook_digest=HOOK)],
+            at=iso_ms(start))
+        proxy = ProxyAuthority(id="proxy-1", revision=1, issued_at=iso_ms(start), expires_at=iso_ms(start + 3_600_000))
+        for n in range(1, 20):  # versions 2 to 20, a second apart
+            store.append_unchecked("runner-1", [LeaseAcquired(
+                lease_id=f"lease-{n}", session_id="s", lease_generation=1, issued_at=iso_ms(start),
+                expires_at=iso_ms(start + 600_000), proxy_authority=proxy)], at=iso_ms(start + n * 1000))
+    attack(path, ("DELETE FROM events WHERE version = 10", ()))  # a stream whose versions skip one
+    until = iso_ms(start + 17_000)  # version 18's time: the newest chunk keeps 16 to 18, the next reads past its gap
+    listed = [event["version"] for event in json_lines(run("events", path, "-r", "runner-1", "--until", until, "-j"))]
+    assert listed == [*range(1, 10), *range(11, 19)]
+    assert [event["version"] for event in json_lines(run("events", path, "-r", "runner-1", "-n", "5", "--until", until,
+                                                         "-j"))] == listed[-5:]
+    with EventStore.open(path, read_only=True) as store:
+        assert [r.version for r in last_events(store, 5, runner="runner-1", head=18)] == listed[-5:]
 
 
 def test_window_compares_times_as_the_store_writes_them() -> None:
