@@ -58,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
                 bar.close()
             data = msgspec.to_builtins(view)
         else:
-            state = state_at(store, args.runner, at)
+            try:
+                state = state_at(store, args.runner, at, progress=bar)
+            finally:
+                bar.close()
             if state is None:
                 raise no_runner(args.runner, args.file, at=None if at == head else at)
             data = {"head_seq": at, "runner": msgspec.to_builtins(project(state)),

@@ -6,6 +6,7 @@ reason it reports (``--json``), against what was done to the file.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -527,6 +528,24 @@ def test_show_draws_progress_for_long_tails_after_old_snapshots(long_log: Path,
     assert cli_main(["show", str(long_log)]) == 0
     drawn = sys.stderr.getvalue()
     assert "\rshow [" in drawn and f"{tails:,}/{tails:,}" in drawn and drawn.endswith("\r\x1b[2K"), drawn
+
+
+def test_show_of_one_runner_draws_progress_for_its_long_tail(long_log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    with EventStore.open(long_log, read_only=True) as store:
+        assert store.backend.snapshot("runner-9") is None  # appended after the caches were rebuilt
+        tail = store.stream_version("runner-9")
+    monkeypatch.setattr(render, "PROGRESS_MIN_TOTAL", tail)  # thousands of its events to fold
+    for argv in (["runner-9"], ["runner-9", "--json"]):
+        monkeypatch.setattr(sys, "stderr", Terminal())
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert cli_main(["show", str(long_log), *argv]) == 0
+        shown = sys.stderr.getvalue()
+        assert "\rshow [" in shown and f"{tail:,}/{tail:,}" in shown and shown.endswith("\r\x1b[2K"), shown
+        assert "show [" not in out.getvalue() and "runner-9" in out.getvalue()
 
 
 @pytest.mark.parametrize("command", ["show", "rebuild", "export"])

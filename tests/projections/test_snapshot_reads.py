@@ -1,12 +1,12 @@
 """Reads from snapshots equal a fold of the log from its start, at every seq, whatever snapshots were taken.
 
-`states_at`, `fleet` and `state_at` start each runner from its proven snapshot and fold only the tail: a
-second path to every state, so hypothesis holds it to the first one (a fold of the log's first N events
-through the rules, no snapshot, no projection helper) on logs of several runners the rules allow (parks,
-drains, reclaims, rotations, unit facts), with snapshots taken after random appends, then with those
-snapshots edited as anyone with write access to the store could (a byte flipped, another stream's row, a
-version or seq moved, the event hash changed, the tag cut): an edited snapshot is never folded from. On
-both backends.
+`states_at`, `fleet` and `state_at` (with a progress callback too) start each runner from its proven
+snapshot and fold only the tail: a second path to every state, so hypothesis holds it to the first one (a
+fold of the log's first N events through the rules, no snapshot, no projection helper) on logs of several
+runners the rules allow (parks, drains, reclaims, rotations, unit facts), with snapshots taken after
+random appends, then with those snapshots edited as anyone with write access to the store could (a byte
+flipped, another stream's row, a version or seq moved, the event hash changed, the tag cut): an edited
+snapshot is never folded from. On both backends.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ def assert_reads_equal_the_fold(store: EventStore, seqs: list[int]) -> None:
         assert fleet(store, at_seq=seq) == fleet_of(truth, seq), seq
         for runner_id in store.streams():
             assert state_at(store, runner_id, seq) == truth.get(runner_id), (runner_id, seq)
+            told: list[tuple[int, int]] = []  # a page at a time, through the same fold
+            assert state_at(store, runner_id, seq, progress=lambda *done, to=told: to.append(done)) == truth.get(
+                runner_id)
+            assert all(0 < done <= total for done, total in told), told
 
 
 @SETTINGS
