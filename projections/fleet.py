@@ -15,7 +15,7 @@ import msgspec
 
 from lifecycle_es.log import RecordedEvent
 from lifecycle_es.receipts import RunnerSnapshot, project
-from lifecycle_es.replay import EMPTY, Folded, fold, fold_log, load, snapshot_of
+from lifecycle_es.replay import EMPTY, Fold, Folded, fold, fold_log, load, snapshot_of
 from lifecycle_es.runner import LEASE_STATUSES, STATES
 from lifecycle_es.state import RunnerState, lease_counts
 from lifecycle_es.store import EventStore
@@ -55,16 +55,32 @@ def replay(store: EventStore, *, until_seq: int | None = None) -> dict[str, Runn
     return states
 
 
-def state_at(store: EventStore, runner_id: str, seq: int | None = None) -> RunnerState | None:
+def state_at(store: EventStore, runner_id: str, seq: int | None = None, *,
+             progress: Callable[[int, int], None] | None = None) -> RunnerState | None:
     """A runner's state as of global `seq` (its latest when None); None if it had no events by then.
 
     Starts from the runner's snapshot when the snapshot is no later than `seq` and its tag proves it, so
-    it reads only the runner's own events after that.
+    it reads only the runner's own events after that. `progress`: called with (done, total) events of the
+    runner folded after its snapshot, a page at a time.
     """
     safe_id(runner_id, "runner_id")
     if seq is not None:
         safe_int(seq, "seq")
-    return load(store, runner_id, until_seq=seq).state
+    if progress is None:
+        return load(store, runner_id, until_seq=seq).state
+    # `load`, a page at a time: the same snapshot, rows and fold.
+    base = snapshot_of(store, runner_id)
+    if base is None or (seq is not None and base.seq > seq):
+        base = EMPTY
+    total = store.stream_version(runner_id) - base.version
+    folding = Fold(base)
+    for rows in store.backend.stream_pages(runner_id, after_version=base.version):
+        for row in rows:
+            if seq is not None and row[0] > seq:
+                return folding.state()
+            folding.add_row(row)
+        progress(folding.version - base.version, total)
+    return folding.state()
 
 
 def runner_at(store: EventStore, runner_id: str, seq: int | None = None) -> RunnerSnapshot | None:
@@ -93,7 +109,8 @@ def states_at(store: EventStore, seq: int | None = None, *,
     Each runner starts from its snapshot when the snapshot is no later than `seq` and its tag proves it
     (any other is ignored: that runner is replayed from its first event), and folds only its own events
     after it. When no runner has such a snapshot, the log is folded in one pass instead, which reads it
-    in order. `progress`: called with (done, total): runners, or events of a one-pass replay.
+    in order. `progress`: called with (done, total) events folded, after each runner (after each page of
+    a one-pass replay): the events up to `seq` that no snapshot covers.
     """
     head = store.head().seq
     until = head if seq is None else min(safe_int(seq, "seq"), head)
@@ -111,12 +128,19 @@ def states_at(store: EventStore, seq: int | None = None, *,
             assert state is not None
             states[stream] = state
         return states
-    for done, stream in enumerate(streams, 1):
-        state = load(store, stream, base=bases.get(stream, EMPTY), until_seq=until).state
-        if state is not None:  # a runner whose first event is after `seq` was not there yet
-            states[stream] = state
+    # Seqs count the events up to `until`, and a snapshot's version the ones of its runner it covers: what is left
+    # is the tails, a total in events as the one-pass replay's (a count of runners would draw no bar for a few
+    # runners with long tails after old snapshots).
+    total = until - sum(base.version for base in bases.values())
+    done = 0
+    for stream in streams:
+        base = bases.get(stream, EMPTY)
+        folded = load(store, stream, base=base, until_seq=until)
+        if folded.state is not None:  # a runner whose first event is after `seq` was not there yet
+            states[stream] = folded.state
         if progress is not None:
-            progress(done, len(streams))
+            done += folded.version - base.version
+            progress(done, total)
     return states
 
 

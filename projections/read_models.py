@@ -22,6 +22,7 @@ from lifecycle_es.read_model import LEASE_COLUMNS, RUNNER_COLUMNS, lease_row, ru
 from lifecycle_es.replay import Folded, fold, load
 from lifecycle_es.state import RunnerState
 from lifecycle_es.store import EventStore
+from lifecycle_es.values import MAX_SAFE_INTEGER
 
 __all__ = ["LEASE_COLUMNS", "RUNNER_COLUMNS", "ReadModels", "attach", "read_lease_rows", "read_runner_rows",
            "write_runner"]
@@ -55,10 +56,15 @@ class ReadModels:
     """The projector that keeps ``runners`` and ``leases`` in step with the log (see `attach`)."""
 
     def __init__(self) -> None:
-        self._folded: dict[str, Folded] = {}
+        # Each runner as last folded here, with the hash of the event it was folded up to: a write can be rolled
+        # back after it was applied (its transaction, or its savepoint in a batch, fails), so an entry is only
+        # folded from while the log still holds that event (`_holds`).
+        self._folded: dict[str, tuple[Folded, bytes]] = {}
 
     def _position(self, store: EventStore) -> int:
-        return store.backend.read_model_position() or 0
+        position = store.backend.read_model_position() or 0
+        # A row edited outside the store to a seq no log can have: the tables are caught up from the start.
+        return position if 0 <= position <= MAX_SAFE_INTEGER else 0
 
     def catch_up(self, store: EventStore, *, until_seq: int | None = None) -> None:
         """Create the tables if needed and apply every event after the recorded position."""
@@ -85,16 +91,28 @@ class ReadModels:
         first: dict[str, RunnerState | None] = {}
         for event in recorded:
             stream = event.stream
-            folded = self._folded.get(stream)
-            if folded is None or folded.version != event.version - 1:
+            kept = self._folded.get(stream)
+            if kept is not None and kept[0].version == event.version - 1 and _holds(store, kept, event):
+                folded = kept[0]
+            else:
                 folded = load(store, stream, until_seq=event.seq - 1)
             first.setdefault(stream, folded.state)
-            self._folded[stream] = Folded(fold(folded.state, event), event.version, event.seq)
+            self._folded[stream] = (Folded(fold(folded.state, event), event.version, event.seq), event.hash)
         for stream, old in first.items():
-            folded = self._folded[stream]
+            folded = self._folded[stream][0]
             assert folded.state is not None
             write_runner(store, old, folded.state, folded.version, folded.seq)
         store.backend.set_read_model_position(recorded[-1].seq)
+
+
+def _holds(store: EventStore, kept: tuple[Folded, bytes], event: RecordedEvent) -> bool:
+    """Whether the log still holds the event `kept` was folded up to (its hash at its seq): read from `event`'s
+    link when that event is the one before it, else from the row."""
+    folded, digest = kept
+    if folded.seq == event.seq - 1:
+        return event.prev == digest
+    row = store.backend.row_at(folded.seq)
+    return row is not None and row[7] == digest
 
 
 def attach(store: EventStore) -> ReadModels:

@@ -2,7 +2,7 @@
 
     lifecycle-es audit FILE [--seal SEAL] [-k KEY_FILE] [--trust PUB [--checkpoints CP]] [--json] [--jobs N]
                       [--html OUT.html]
-    lifecycle-es show FILE [RUNNER] [--at SEQ] [-j]
+    lifecycle-es show FILE [RUNNER] [--at SEQ] [-k KEY_FILE] [-j]
     lifecycle-es events FILE [-r R] [--after SEQ] [--since T] [--until T] [-n N|all] [-f] [-j]
     lifecycle-es timeline FILE [-r R ...] [--since T] [--until T] [-n N] -o OUT.svg
     lifecycle-es rebuild FILE [-k KEY_FILE] [--jobs N]

@@ -31,6 +31,7 @@ from lifecycle_es.files import (
 )
 from lifecycle_es.seal import MAX_SEAL_BYTES
 from lifecycle_es.store import EventStore
+from lifecycle_es.values import MAX_SAFE_INTEGER, shown
 
 from .exits import EXIT_DATAERR, EXIT_IOERR, EXIT_NOINPUT, EXIT_USAGE, CommandError
 
@@ -218,15 +219,21 @@ def default_seal(path: str, seal: str | None) -> str | None:
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least `minimum` (0 for a seq, 1 for a count of workers)."""
+    """An argparse type: an integer of at least `minimum` (0 for a seq, 1 for a count of workers), and at most
+    the largest seq a store holds (`values.MAX_SAFE_INTEGER`)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value} is not at least {minimum}")
+        # Refused here, naming the option, rather than deeper down as a field the command line never named
+        # (or not at all: events -n 5 --after 10**20 printed nothing).
+        if value > MAX_SAFE_INTEGER:
+            raise argparse.ArgumentTypeError(f"{shown(value)} is more than {MAX_SAFE_INTEGER}, the largest seq "
+                                             "or count a store holds")
         return value
 
     return parse

@@ -38,7 +38,7 @@ from lifecycle_es.store import EventStore
 
 from .access import int_at_least, open_store
 from .exits import EXIT_OK, EXIT_USAGE, CommandError, json_printable, no_runner, printable
-from .options import ALL, lines, runner_id, when
+from .options import ALL, lines, runner_id, when, window_order
 
 MAX_FIELD_CHARS = 60
 FOLLOW_LINES = 10  # what -f alone prints before following, as journalctl -f
@@ -75,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
     """Print the events; with -f, then every later one until a signal says stop."""
     if args.follow and args.until is not None:
         raise CommandError(EXIT_USAGE, "--until ends a window that -f would follow past: leave one of them out")
-    if args.since is not None and args.until is not None and args.since > args.until:
-        raise CommandError(EXIT_USAGE, "--since is after --until: the window is empty")
+    empty = window_order(args.since, args.until)
+    if empty is not None:
+        raise CommandError(EXIT_USAGE, empty)
     count = args.lines
     if count is None:
         count = FOLLOW_LINES if args.follow and args.after is None and args.since is None else ALL
@@ -200,14 +201,17 @@ def last_events(store: EventStore, count: int, *, runner: str | None = None, aft
         upper = store.stream_version(runner)
 
         def chunk(low: int, high: int) -> Iterable[RecordedEvent]:
-            return itertools.islice(store.read_stream(runner, after_version=low - 1), high - low + 1)
+            # A stream edited outside the store may skip versions: whatever lies past `high` was read already.
+            rows = itertools.islice(store.read_stream(runner, after_version=low - 1), high - low + 1)
+            return (r for r in rows if r.version <= high)
 
     found: list[list[RecordedEvent]] = []  # newest chunk first
     have, size, high = 0, count, upper
     floor = after + 1 if runner is None else 1  # seqs of the log are positions; a stream's versions are not
     while high >= floor and have < count:
         low = max(floor, high - size + 1)
-        kept: deque[RecordedEvent] = deque(maxlen=count - have)
+        # A chunk keeps no more than it holds: a count beyond any log (-n 10**30) is no deque length.
+        kept: deque[RecordedEvent] = deque(maxlen=min(count - have, high - low + 1))
         reached_after = False
         for recorded in chunk(low, high):
             if recorded.seq <= after:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from lifecycle_es.canonical import parse_iso_ms
+from lifecycle_es.canonical import iso_ms, parse_iso_ms
 from lifecycle_es.values import safe_id
 
-__all__ = ["ALL", "lines", "runner_id", "when"]
+__all__ = ["ALL", "lines", "runner_id", "when", "window_order"]
 
 ALL = -1  # what ``-n all`` parses to: no limit
 
@@ -25,16 +25,35 @@ def runner_id(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+# The times ISO-8601 spells with four-digit years, in UTC: 0001-01-01T00:00:00.000Z to 9999-12-31T23:59:59.999Z.
+FIRST_MS, LAST_MS = -62_135_596_800_000, 253_402_300_799_999
+
+
 def when(text: str) -> int:
-    """An argparse type: epoch ms of an ISO-8601 time; one without an offset is UTC, a date alone its midnight."""
+    """An argparse type: epoch ms of an ISO-8601 time; one without an offset is UTC, a date alone its midnight.
+
+    Its offset may not take it outside the years 0001 to 9999 in UTC, which no time can be spelled in.
+    """
     value = text.strip()
     if len(value) <= 64 and value.isascii():
         for candidate in (value, value + "Z", value + "T00:00:00Z"):
             try:
-                return parse_iso_ms(candidate)
+                epoch_ms = parse_iso_ms(candidate)
             except (ValueError, OverflowError):
                 continue
+            if not FIRST_MS <= epoch_ms <= LAST_MS:
+                raise argparse.ArgumentTypeError(f"{text!r} is outside the years 0001 to 9999 in UTC: give a time "
+                                                 "inside them")
+            return epoch_ms
     raise argparse.ArgumentTypeError(f"{text[:64]!r} is not an ISO-8601 time (like 2026-03-02T10:00:00Z)")
+
+
+def window_order(since_ms: int | None, until_ms: int | None) -> str | None:
+    """Why ``--since``/``--until`` select nothing, when the first is after the second (else None)."""
+    if since_ms is None or until_ms is None or since_ms <= until_ms:
+        return None
+    return (f"--since {iso_ms(since_ms)} is after --until {iso_ms(until_ms)}: the window holds nothing; give "
+            "--since the earlier time")
 
 
 def lines(text: str) -> int:

@@ -66,13 +66,14 @@ class Progress:
     Piped or redirected, it draws nothing, so logs and ``--json`` output stay clean.
     """
 
-    def __init__(self, label: str, total: int, stream: TextIO | None = None) -> None:
+    def __init__(self, label: str, total: int, stream: TextIO | None = None, *, started: float | None = None) -> None:
         self.label = label
         self.total = total
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = total >= PROGRESS_MIN_TOTAL and _is_terminal(self.stream)
         self._last = 0.0
-        self._started = time.monotonic()
+        # When the work began (``time.monotonic()``), for the rate: now unless told earlier.
+        self._started = time.monotonic() if started is None else started
 
     def update(self, done: int) -> None:
         """Show `done` of the total (at most a few times a second)."""
@@ -110,11 +111,13 @@ class Bar:
     def __init__(self, label: str) -> None:
         self.label = label
         self.bar: Progress | None = None
+        # The work began before its first call: a rate from then would show its first page done in no time.
+        self._started = time.monotonic()
 
     def __call__(self, done: int, total: int) -> None:
         """Show `done` of `total`."""
         if self.bar is None:
-            self.bar = Progress(self.label, total)
+            self.bar = Progress(self.label, total, started=self._started)
         self.bar.update(done)
 
     def close(self) -> None:

@@ -2,10 +2,13 @@
 
     lifecycle-es show runners.db                     every runner, one line each
     lifecycle-es show runners.db runner-7 --at 120   one runner as it was after seq 120
+    lifecycle-es show runners.db -k store.key        a keyed store, from its snapshots
 
 State is a replay of the log (the same rules as the commands), each runner from its snapshot when the
 snapshot's tag proves it and then only the events after it, never from the read models (a cache anyone
-with the file can edit); the file is opened read-only. A long replay draws a progress bar on a terminal.
+with the file can edit); the file is opened read-only. A keyed store's tags are MACs: without
+``--key-file`` none is proven, and every runner is replayed from its first event. A long replay draws a
+progress bar on a terminal.
 Every value is printed escaped (``exits.printable``): ids from a hostile file cannot drive the terminal.
 """
 
@@ -15,7 +18,7 @@ import argparse
 import json
 from typing import Any
 
-from .access import int_at_least, open_store
+from .access import int_at_least, open_store, read_key_file
 from .exits import EXIT_OK, no_runner, printable
 from .options import runner_id as runner_arg
 from .render import Bar, pairs, short, table
@@ -31,6 +34,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("runner", metavar="RUNNER", nargs="?", type=runner_arg,
                         help="one runner id (default: the whole fleet)")
     parser.add_argument("--at", type=int_at_least(0), metavar="SEQ", help="as of this seq (default: the head)")
+    parser.add_argument("-k", "--key-file", metavar="K", help="a keyed store's key, to start each runner from its "
+                                                               "snapshot (without it the log is replayed whole)")
     parser.add_argument("-j", "--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
@@ -41,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
 
     from projections import fleet, project, state_at
 
+    key = read_key_file(args.key_file) if args.key_file else None
     bar = Bar("show")
-    with open_store(args.file) as store, store.backend.read_tx("show"):
+    with open_store(args.file, key=key) as store, store.backend.read_tx("show"):
         head = store.head().seq
         at = head if args.at is None else min(args.at, head)
         if args.runner is None:
@@ -52,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
                 bar.close()
             data = msgspec.to_builtins(view)
         else:
-            state = state_at(store, args.runner, at)
+            try:
+                state = state_at(store, args.runner, at, progress=bar)
+            finally:
+                bar.close()
             if state is None:
                 raise no_runner(args.runner, args.file, at=None if at == head else at)
             data = {"head_seq": at, "runner": msgspec.to_builtins(project(state)),

@@ -27,7 +27,7 @@ from lifecycle_es.store import PAGE, EventStore
 
 from .access import int_at_least, open_store
 from .exits import EXIT_DATAERR, EXIT_OK, EXIT_USAGE, CommandError, no_runner, one_line
-from .options import runner_id, when
+from .options import runner_id, when, window_order
 
 DEFAULT_LAST = 50  # as projections.timeline.DEFAULT_LAST, without importing projections to build the parser
 
@@ -57,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
     from projections.timeline import collect  # the read side: only when a picture is drawn
     from projections.timeline_svg import draw
 
-    if args.since is not None and args.until is not None and args.since > args.until:
-        raise CommandError(EXIT_USAGE, "--since is after --until: the window is empty")
+    empty = window_order(args.since, args.until)
+    if empty is not None:
+        raise CommandError(EXIT_USAGE, empty)
     runners = args.runner
     with open_store(args.file, seal=False) as store:
         # One runner reads its own stream only; several, or all, read the log once and keep theirs.

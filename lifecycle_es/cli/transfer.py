@@ -128,15 +128,17 @@ def run_export(args: argparse.Namespace) -> int:
             events=head.seq, head_seq=head.seq, head_hash=head.hash.hex() if head.seq else None,
             checkpoints=len(signed))) + b"\n")
         bar = Progress("export", head.seq)
-        for recorded in store.read():
-            out.write(encoder.encode(ExportRow(
-                seq=recorded.seq, stream=recorded.stream, version=recorded.version, type=recorded.type,
-                at=recorded.at, body=recorded.body.hex(), prev=recorded.prev.hex(), hash=recorded.hash.hex(),
-            )) + b"\n")
-            if recorded.seq % 1000 == 0:
-                bar.update(recorded.seq)
-        bar.update(head.seq)  # the last rows too: a bar never stops short of its end
-        bar.close()
+        try:  # erased however the export ends: an error's line starts a line of its own
+            for recorded in store.read():
+                out.write(encoder.encode(ExportRow(
+                    seq=recorded.seq, stream=recorded.stream, version=recorded.version, type=recorded.type,
+                    at=recorded.at, body=recorded.body.hex(), prev=recorded.prev.hex(), hash=recorded.hash.hex(),
+                )) + b"\n")
+                if recorded.seq % 1000 == 0:
+                    bar.update(recorded.seq)
+            bar.update(head.seq)  # the last rows too: a bar never stops short of its end
+        finally:
+            bar.close()
         for note in signed:
             out.write(encoder.encode(ExportCheckpoint(checkpoint=note.whole())) + b"\n")
     print(f"exported {head.seq:,} events of {args.file} to {args.out}"

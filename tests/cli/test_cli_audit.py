@@ -6,6 +6,7 @@ reason it reports (``--json``), against what was done to the file.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -471,6 +472,80 @@ def test_the_progress_bar_draws_on_a_terminal_only() -> None:
     short = Terminal()
     Progress("audit", PROGRESS_MIN_TOTAL - 1, stream=short).update(10)
     assert short.getvalue() == ""  # a short log is over before a bar would help
+
+
+def test_a_bar_for_a_library_call_tells_the_rate_since_the_call_began(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    now = [100.0]
+    monkeypatch.setattr(render.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    bar = render.Bar("show")
+    now[0] += 2.0  # the first page took two seconds before the first call
+    bar(PROGRESS_MIN_TOTAL // 2, PROGRESS_MIN_TOTAL)
+    assert f"(50%, {PROGRESS_MIN_TOTAL // 4:,}/s)" in sys.stderr.getvalue(), sys.stderr.getvalue()
+
+
+@pytest.mark.parametrize(("command", "edit"), [
+    ("show", "UPDATE events SET body = x'7b' WHERE seq = 5000"),  # a body that is no JSON: the fold stops there
+    ("rebuild", "UPDATE events SET body = x'7b' WHERE seq = 5000"),
+    ("export", "UPDATE events SET stream = CAST(x'72756eff' AS TEXT) WHERE seq = 5000"),  # export decodes no body
+])
+def test_a_command_that_fails_midway_erases_its_bar_before_its_error_line(command: str, edit: str, long_log: Path,
+                                                                          tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    path = copy_store(long_log, tmp_path / "edited.db")
+    attack(path, (edit, ()))
+    edit_caches(path, ("DELETE FROM snapshots", ()))  # show folds the log in one pass, as far as the edited row
+    monkeypatch.setattr(render, "PROGRESS_MIN_TOTAL", 1)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    out = [str(tmp_path / "export.jsonl")] if command == "export" else []
+    assert cli_main([command, str(path), *out]) == 65
+    drawn = sys.stderr.getvalue()
+    assert f"\r{command} [" in drawn and drawn.endswith("\n") and drawn.count("\n") == 1, drawn
+    assert f"\r\x1b[2Klifecycle-es {command}: error: integrity failure at seq 5000" in drawn, drawn
+
+
+def test_show_draws_progress_for_long_tails_after_old_snapshots(long_log: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    with EventStore.open(long_log, read_only=True) as store:
+        snapshots = [store.backend.snapshot(runner) for runner in store.streams()]
+        tails = store.head().seq - sum(found[0] for found in snapshots if found is not None)
+    assert any(snapshots)
+    # Ten runners, thousands of events each after its snapshot or without one: the bar counts those events.
+    monkeypatch.setattr(render, "PROGRESS_MIN_TOTAL", tails)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert cli_main(["show", str(long_log)]) == 0
+    drawn = sys.stderr.getvalue()
+    assert "\rshow [" in drawn and f"{tails:,}/{tails:,}" in drawn and drawn.endswith("\r\x1b[2K"), drawn
+
+
+def test_show_of_one_runner_draws_progress_for_its_long_tail(long_log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    with EventStore.open(long_log, read_only=True) as store:
+        assert store.backend.snapshot("runner-9") is None  # appended after the caches were rebuilt
+        tail = store.stream_version("runner-9")
+    monkeypatch.setattr(render, "PROGRESS_MIN_TOTAL", tail)  # thousands of its events to fold
+    for argv in (["runner-9"], ["runner-9", "--json"]):
+        monkeypatch.setattr(sys, "stderr", Terminal())
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert cli_main(["show", str(long_log), *argv]) == 0
+        shown = sys.stderr.getvalue()
+        assert "\rshow [" in shown and f"{tail:,}/{tail:,}" in shown and shown.endswith("\r\x1b[2K"), shown
+        assert "show [" not in out.getvalue() and "runner-9" in out.getvalue()
 
 
 @pytest.mark.parametrize("command", ["show", "rebuild", "export"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -87,6 +89,41 @@ def test_show_one_runner_now_and_at_an_older_seq(fleet_log: FleetLog) -> None:
     assert run("show", path, "runner-404").returncode == 66
     assert run("show", path, "not a runner id!").returncode == 64
     assert run("show", path, "--at", "-1").returncode == 64
+
+
+def test_show_proves_a_keyed_stores_snapshots_with_its_key_and_folds_only_the_tails(
+        keyed_log: Path, fleet_log: FleetLog, key_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lifecycle_es import replay
+    from lifecycle_es.cli import main as cli_main
+
+    folded_from: list[tuple[str, int]] = []  # (runner, version) each per-runner fold started after
+    stream_rows = replay._stream_rows
+    monkeypatch.setattr(replay, "_stream_rows", lambda store, stream, after: folded_from.append((stream, after))
+                        or stream_rows(store, stream, after))
+    with EventStore.open(keyed_log, key=KEY, read_only=True) as store:
+        snapshots = {runner: store.backend.snapshot(runner) for runner in store.streams()}
+    assert all(found is not None and found[0] > 0 for found in snapshots.values())
+    views = []
+    for argv in ([], ["-k", str(key_file)], ["--key-file", str(key_file)]):
+        folded_from.clear()
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert cli_main(["show", str(keyed_log), "--json", *argv]) == 0
+        views.append(json.loads(out.getvalue()))
+        if argv:  # each runner from its proven snapshot
+            assert sorted(folded_from) == sorted((runner, found[0]) for runner, found in snapshots.items())  # type: ignore[index]
+        else:  # without the key no snapshot is proven: the log folded from its start, in one pass
+            assert folded_from == []
+    assert views[0] == views[1] == views[2]
+    runner = json.loads(run("show", keyed_log, "runner-2", "-k", key_file, "--json").stdout)
+    assert runner["runner"] == views[0]["runners"]["runner-2"]
+
+    wrong = tmp_path / "wrong.key"
+    wrong.write_bytes(bytes(32))
+    wrong.chmod(0o600)
+    done = run("show", keyed_log, "-k", wrong)
+    assert done.returncode == 77 and "wrong key" in one_error_line(done)
+    unkeyed = run("show", fleet_log[0], "-k", key_file)  # a key for a store that says it has none: a downgrade?
+    assert unkeyed.returncode == 65 and "claims to be unkeyed" in one_error_line(unkeyed)
 
 
 # --- events ------------------------------------------------------------------------------------------

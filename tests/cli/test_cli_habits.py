@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleets import CLI, KEY, copy_store, long_in, one_error_line, run
+from fleets import CLI, HOOK, KEY, attack, copy_store, long_in, one_error_line, run
 
-from lifecycle_es import EventStore, ProxyAuthority, RunnerLifecycle
+from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms, parse_iso_ms
 from lifecycle_es.cli.events import last_events, seq_window, window
+from lifecycle_es.events import RUNNER_SCHEMA, LeaseAcquired, RunnerInitialized
 from lifecycle_es.replay import load
 
 FleetLog = tuple[Path, dict[str, int]]
@@ -73,6 +74,52 @@ def test_a_runner_id_that_cannot_be_one_is_bad_usage_before_the_file_is_read(tmp
                  ("show", "no spaces!"), ("host", "-r", "no spaces!")):
         done = run(argv[0], tmp_path / "absent.db", *argv[1:])
         assert done.returncode == 64 and "'no spaces!' is not an id" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ("events", "--after", "99999999999999999999"),
+    ("events", "--after", "99999999999999999999", "-n", "5"),
+    ("events", "--after", "9007199254740992", "-f"),
+    ("show", "--at", "99999999999999999999"),
+    ("show", "runner-0", "--at", "9007199254740992"),
+    ("rebuild", "--jobs", "99999999999999999999"),
+    ("timeline", "-n", "99999999999999999999", "-o", "OUT"),
+], ids=" ".join)
+def test_a_seq_or_count_no_store_holds_is_bad_usage_naming_its_option(fleet_log: FleetLog, tmp_path: Path,
+                                                                      argv: tuple[str, ...]) -> None:
+    from fleets import store_bytes
+
+    path, out = fleet_log[0], tmp_path / "out.svg"
+    before = store_bytes(path)
+    command, *rest = argv
+    done = run(command, path, *(str(out) if arg == "OUT" else arg for arg in rest), timeout=60)
+    assert done.returncode == 64 and done.stdout == "", done.stderr
+    option = next(arg for arg in rest if arg.startswith("-") and arg != "-f")
+    assert f"error: argument {option}" in done.stderr and "is more than 9007199254740991" in done.stderr, done.stderr
+    assert store_bytes(path) == before and not out.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ("events", "--since", "0001-01-01T00:00:00+14:00"),
+    ("events", "--until", "9999-12-31T23:59:59-14:00"),
+    ("timeline", "--since", "0001-01-01T00:00:00+14:00", "-o", "OUT"),
+    ("timeline", "--until", "9999-12-31T23:59:59-14:00", "-o", "OUT"),
+], ids=" ".join)
+def test_a_time_outside_the_years_iso_8601_spells_is_bad_usage_naming_its_option(
+        fleet_log: FleetLog, tmp_path: Path, argv: tuple[str, ...]) -> None:
+    path, out = fleet_log[0], tmp_path / "out.svg"
+    command, option, value, *rest = argv
+    done = run(command, path, option, value, *(str(out) if arg == "OUT" else arg for arg in rest), timeout=60)
+    assert done.returncode == 64 and done.stdout == "", done.stderr
+    assert f"error: argument {option}: '{value}' is outside the years 0001 to 9999" in done.stderr, done.stderr
+    assert not out.exists()
+
+
+def test_a_seq_that_is_no_number_is_shown_cut_short(fleet_log: FleetLog) -> None:
+    done = run("show", fleet_log[0], "--at", "9" * 5000 + "x")
+    assert done.returncode == 64 and "error: argument --at: '99999" in done.stderr
+    assert "... is not an integer" in done.stderr
+    assert len(done.stderr) < 400, done.stderr
 
 
 # --- short options -----------------------------------------------------------------------------------
@@ -136,6 +183,18 @@ def test_events_n_prints_the_last_n_of_what_is_selected(fleet_log: FleetLog, eve
     assert run("events", path, "-n", "-1").returncode == 64
 
 
+@pytest.mark.parametrize("count", [2**63, 10**30], ids=["2**63", "10**30"])
+def test_events_n_beyond_any_log_prints_every_event(fleet_log: FleetLog, every_event: list[dict[str, Any]],
+                                                    count: int) -> None:
+    path = fleet_log[0]
+    assert json_lines(run("events", path, "-n", str(count), "-j")) == every_event
+    assert json_lines(run("events", path, "-r", "runner-1", "-n", str(count), "-j")) == [
+        event for event in every_event if event["stream"] == "runner-1"]
+    with EventStore.open(path, read_only=True) as store:
+        assert [r.seq for r in last_events(store, count, keep=lambda r: r.seq % 2 == 0)] == [
+            event["seq"] for event in every_event if event["seq"] % 2 == 0]
+
+
 def test_events_since_and_until_select_by_time(fleet_log: FleetLog, every_event: list[dict[str, Any]]) -> None:
     path = fleet_log[0]
     times = sorted({event["at"] for event in every_event})
@@ -153,7 +212,12 @@ def test_events_since_and_until_select_by_time(fleet_log: FleetLog, every_event:
     assert json_lines(run("events", path, "--since", east, "--until", high, "-j")) == inside
     assert json_lines(run("events", path, "--since", "1999-12-31", "-j")) == every_event
     assert json_lines(run("events", path, "--until", "1999-12-31", "-j")) == []
-    assert run("events", path, "--since", high, "--until", low).returncode == 64
+    never = path.parent / "never.svg"
+    for command in (("events",), ("timeline", "-o", str(never))):
+        done = run(command[0], path, "--since", high, "--until", low, *command[1:])
+        assert done.returncode == 64 and not never.exists()
+        assert one_error_line(done) == (f"lifecycle-es {command[0]}: error: --since {high} is after --until {low}: "
+                                        "the window holds nothing; give --since the earlier time")
     assert run("events", path, "-f", "--until", high).returncode == 64  # a follow has no end in time
     assert run("events", path, "--since", "yesterday").returncode == 64
 
@@ -216,6 +280,28 @@ def test_last_events_reads_back_from_the_head_not_the_whole_log(tmp_path_factory
         assert sum(fetched) == 3
     assert [json.loads(line)["seq"] for line in run("events", path, "-n", "3", "-j").stdout.splitlines()] == [
         head - 2, head - 1, head]
+
+
+def test_the_last_events_of_a_stream_that_lost_a_row_are_each_printed_once(tmp_path: Path) -> None:
+    path, start = tmp_path / "edited.db", parse_iso_ms("2026-01-01T00:00:00Z")
+    with EventStore.open(path) as store:
+        store.append_unchecked("runner-1", [RunnerInitialized(
+            schema=RUNNER_SCHEMA, runner_id="runner-1", target="local", base_dir="/srv/runner-1",
+            resources=Resources(cpu_seconds=600, memory_bytes=1 << 30), post_session_hook_digest=HOOK)],
+            at=iso_ms(start))
+        proxy = ProxyAuthority(id="proxy-1", revision=1, issued_at=iso_ms(start), expires_at=iso_ms(start + 3_600_000))
+        for n in range(1, 20):  # versions 2 to 20, a second apart
+            store.append_unchecked("runner-1", [LeaseAcquired(
+                lease_id=f"lease-{n}", session_id="s", lease_generation=1, issued_at=iso_ms(start),
+                expires_at=iso_ms(start + 600_000), proxy_authority=proxy)], at=iso_ms(start + n * 1000))
+    attack(path, ("DELETE FROM events WHERE version = 10", ()))  # a stream whose versions skip one
+    until = iso_ms(start + 17_000)  # version 18's time: the newest chunk keeps 16 to 18, the next reads past its gap
+    listed = [event["version"] for event in json_lines(run("events", path, "-r", "runner-1", "--until", until, "-j"))]
+    assert listed == [*range(1, 10), *range(11, 19)]
+    assert [event["version"] for event in json_lines(run("events", path, "-r", "runner-1", "-n", "5", "--until", until,
+                                                         "-j"))] == listed[-5:]
+    with EventStore.open(path, read_only=True) as store:
+        assert [r.version for r in last_events(store, 5, runner="runner-1", head=18)] == listed[-5:]
 
 
 def test_window_compares_times_as_the_store_writes_them() -> None:

@@ -25,6 +25,7 @@ from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle,
 from lifecycle_es.backends import is_url
 from lifecycle_es.caches import SnapshotCheck, check_read_models
 from lifecycle_es.errors import StaleFenceError, StoreKeyError
+from lifecycle_es.events import LeaseAcquired
 from lifecycle_es.receipts import project
 from lifecycle_es.replay import TAG_BYTES, load, snapshot_blob, snapshot_of
 from lifecycle_es.runner import apply
@@ -240,6 +241,38 @@ def test_read_models_catch_up_on_the_next_append_after_another_writer(tmp_path: 
         assert check_read_models(fleet_.store, replayed(fleet_.store)) == []
 
 
+@pytest.mark.parametrize("position", [-1, 2**60], ids=["negative", "beyond-any-seq"])
+def test_a_read_model_position_no_log_can_have_is_caught_up_from_the_start(mixed: Fleet, position: int) -> None:
+    head = mixed.store.head().seq
+    sql(mixed.path, "UPDATE read_model_position SET seq = ?", (position,))
+    sql(mixed.path, "DELETE FROM leases WHERE runner_id = 'runner-a'")
+    with EventStore.open(mixed.path, now=mixed.clock) as store:
+        attach(store)  # caught up, where the edited row made every attach and append refuse as bad input
+        assert store.backend.read_model_position() == head
+        assert check_read_models(store, replayed(store)) == []
+
+
+def test_read_models_never_fold_from_a_write_that_rolled_back(tmp_path: Path, store_target: str) -> None:
+    fleet_ = open_fleet(tmp_path, store_target)
+    with fleet_.store, EventStore.open(fleet_.path, now=fleet_.clock) as other:
+        attach(fleet_.store)
+        attach(other)  # another process with the read models attached, writing the same runner
+        mine, theirs = fleet_.handle("runner-a"), fleet_.handle("runner-a", store=other)
+        mine.initialize()
+        at = iso(fleet_.clock.ms)
+        phantom = LeaseAcquired(lease_id="lease-never", session_id="session-0", lease_generation=1, issued_at=at,
+                                expires_at=iso(fleet_.clock.ms + 60_000), proxy_authority=fleet_.proxy())
+        with pytest.raises(RuntimeError), fleet_.store.transaction("changed its mind") as tx:
+            tx.append("runner-a", [phantom])
+            raise RuntimeError("rolled back: the lease was never acquired")
+        # The other writer appends at the version the rolled-back write had, and the read models follow it.
+        lease = theirs.acquire_lease(session_id="session-1", expected_generation=1, proxy_authority=fleet_.proxy())
+        # This writer's next append folds the read models from the log, not from what it rolled back.
+        mine.settle_lease(lease_id=lease.lease.id, lease_generation=1, result_digest=RESULT)
+        assert fleet_.store.backend.read_model_position() == fleet_.store.head().seq == 3
+        assert check_read_models(fleet_.store, replayed(fleet_.store)) == []
+
+
 # --- snapshots and rebuild ------------------------------------------------------------------------------
 
 
@@ -317,6 +350,29 @@ def test_a_wrong_state_under_a_right_hash_is_caught_by_the_audit_check_and_rebui
     assert check.finish() == [(seq, runner_id, f"snapshot of {runner_id!r} differs from the replayed state")]
     rebuild(store)
     assert mixed.handle(runner_id).state() == replayed(store)[runner_id][0]
+
+
+@pytest.mark.parametrize("impossible", [{"state": "bogus"}, {"lease_status": "weird"}], ids=["state", "lease status"])
+def test_a_tagged_snapshot_of_a_state_no_replay_can_leave_is_ignored(mixed: Fleet, impossible: dict[str, str]) -> None:
+    store = mixed.store
+    version, seq, _, event_hash = store.backend.snapshot("runner-a")  # type: ignore[misc]
+    then = load(store, "runner-a", use_snapshot=False, until_seq=seq).state
+    assert then is not None and then.leases
+    if "state" in impossible:
+        wrong = msgspec.structs.replace(then, state=impossible["state"])
+    else:
+        lease = msgspec.structs.replace(then.leases[0], status=impossible["lease_status"])
+        wrong = msgspec.structs.replace(then, leases=(lease, *then.leases[1:]))
+    # Tagged as the store tags (an unkeyed file's editor can), with a value the rules never leave.
+    blob = snapshot_blob(store, "runner-a", version, seq, event_hash, encode_state(wrong))
+    sql(mixed.path, "UPDATE snapshots SET state = ? WHERE stream = ?", (blob, "runner-a"))
+    assert snapshot_of(store, "runner-a") is None
+    for at in (seq, store.head().seq):  # at the snapshot's seq no event of runner-a is folded after it
+        truth = truncated_replay(store, at)
+        assert states_at(store, at) == truth
+        assert fleet(store, at_seq=at).runners == {runner: project(state) for runner, state in sorted(truth.items())}
+        assert state_at(store, "runner-a", at) == truth["runner-a"]
+    assert mixed.handle("runner-a").state() == replay(store)["runner-a"]
 
 
 # --- snapshots a command may trust: only those it can prove ---------------------------------------------
@@ -574,6 +630,19 @@ def test_states_at_without_any_snapshot_folds_the_log_in_one_pass(mixed: Fleet,
     assert states_at(store, progress=lambda done, total: seen.append((done, total))) == truth
     assert counts == {None: store.head().seq}
     assert seen[-1] == (store.head().seq, store.head().seq)
+
+
+def test_states_at_from_snapshots_tells_its_progress_in_events_of_the_tails(mixed: Fleet) -> None:
+    store = mixed.store
+    truth = replay(store)
+    sql(mixed.path, "DELETE FROM snapshots WHERE stream = 'runner-e'")  # folded from its first event
+    snapshots = _stored_snapshots(store)
+    assert sorted(snapshots) == sorted(RUNNERS)[:-1]
+    tails = store.head().seq - sum(version for version, *_ in snapshots.values())
+    seen: list[tuple[int, int]] = []
+    assert states_at(store, progress=lambda done, total: seen.append((done, total))) == truth
+    assert {total for _, total in seen} == {tails} and seen[-1] == (tails, tails)
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
 
 
 def test_read_models_follow_the_projection_retention_while_the_log_keeps_every_lease(tmp_path: Path,
