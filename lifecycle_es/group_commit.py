@@ -217,6 +217,7 @@ class GroupCommit:
                     caller.value = caller.work(tx)
             except Exception as exc:
                 caller.error = exc
+                self._store._rollbacks += 1  # its writes are undone: what a projector kept of them is stale
                 if savepoint.lost:
                     raise  # the transaction is gone: every other caller fails with this
                 caller.value = None

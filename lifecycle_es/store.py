@@ -91,6 +91,7 @@ class EventStore:
         self._fence: str | None = None
         self._projectors: list[Projector] = []
         self._local_commits = 0
+        self._rollbacks = 0
         # One connection serves every thread: a write transaction, a page of a read, holds it in turn, so
         # no thread reads another's uncommitted batch or starts a transaction inside it.
         self._lock = threading.RLock()
@@ -202,6 +203,13 @@ class EventStore:
         around those reads, so that it sees committed state only.
         """
         return self._lock
+
+    @property
+    def rollbacks(self) -> int:
+        """How many writes this handle rolled back: write transactions that did not commit, and the works of a
+        `commit` batch undone under their savepoints. A cache of what a write applied (a projector's) holds only
+        while this has not moved since: what it kept may be of a write the log never held."""
+        return self._rollbacks
 
     @property
     def group_commit(self) -> GroupCommit:

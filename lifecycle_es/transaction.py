@@ -71,10 +71,12 @@ class WriteTransaction:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Any:
         store = self._store
+        committed = False
         try:
             result = self._context.__exit__(kind, exc, tb)
             if kind is None:
                 store._local_commits += 1
+                committed = True
             return result
         except StoreIOError as error:
             if error.outcome_unknown:
@@ -83,6 +85,8 @@ class WriteTransaction:
                             f"to learn ({error})")
             raise
         finally:
+            if not committed:
+                store._rollbacks += 1
             store._lock.release()
 
     @property

@@ -56,10 +56,10 @@ class ReadModels:
     """The projector that keeps ``runners`` and ``leases`` in step with the log (see `attach`)."""
 
     def __init__(self) -> None:
-        # Each runner as last folded here, with the hash of the event it was folded up to: a write can be rolled
-        # back after it was applied (its transaction, or its savepoint in a batch, fails), so an entry is only
-        # folded from while the log still holds that event (`_holds`).
-        self._folded: dict[str, tuple[Folded, bytes]] = {}
+        # Each runner as last folded here. A write can be rolled back after it was applied (its transaction, or
+        # its savepoint in a batch, fails): the entries are kept only while the store rolled back nothing since.
+        self._folded: dict[str, Folded] = {}
+        self._rollbacks = 0
 
     def _position(self, store: EventStore) -> int:
         position = store.backend.read_model_position() or 0
@@ -88,31 +88,22 @@ class ReadModels:
         self._apply(store, recorded)
 
     def _apply(self, store: EventStore, recorded: Sequence[RecordedEvent]) -> None:
+        if store.rollbacks != self._rollbacks:
+            self._folded.clear()
+            self._rollbacks = store.rollbacks
         first: dict[str, RunnerState | None] = {}
         for event in recorded:
             stream = event.stream
-            kept = self._folded.get(stream)
-            if kept is not None and kept[0].version == event.version - 1 and _holds(store, kept, event):
-                folded = kept[0]
-            else:
+            folded = self._folded.get(stream)
+            if folded is None or folded.version != event.version - 1:
                 folded = load(store, stream, until_seq=event.seq - 1)
             first.setdefault(stream, folded.state)
-            self._folded[stream] = (Folded(fold(folded.state, event), event.version, event.seq), event.hash)
+            self._folded[stream] = Folded(fold(folded.state, event), event.version, event.seq)
         for stream, old in first.items():
-            folded = self._folded[stream][0]
+            folded = self._folded[stream]
             assert folded.state is not None
             write_runner(store, old, folded.state, folded.version, folded.seq)
         store.backend.set_read_model_position(recorded[-1].seq)
-
-
-def _holds(store: EventStore, kept: tuple[Folded, bytes], event: RecordedEvent) -> bool:
-    """Whether the log still holds the event `kept` was folded up to (its hash at its seq): read from `event`'s
-    link when that event is the one before it, else from the row."""
-    folded, digest = kept
-    if folded.seq == event.seq - 1:
-        return event.prev == digest
-    row = store.backend.row_at(folded.seq)
-    return row is not None and row[7] == digest
 
 
 def attach(store: EventStore) -> ReadModels:

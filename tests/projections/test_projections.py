@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from holding import Held
 from pg import Server
 from targets import raw_sql
 
@@ -30,6 +31,7 @@ from lifecycle_es.receipts import project
 from lifecycle_es.replay import TAG_BYTES, load, snapshot_blob, snapshot_of
 from lifecycle_es.runner import apply
 from lifecycle_es.state import encode_state
+from lifecycle_es.store import WriteTransaction
 from lifecycle_es.testing import FakeClock
 from projections import (
     attach,
@@ -268,6 +270,35 @@ def test_read_models_never_fold_from_a_write_that_rolled_back(tmp_path: Path, st
         # The other writer appends at the version the rolled-back write had, and the read models follow it.
         lease = theirs.acquire_lease(session_id="session-1", expected_generation=1, proxy_authority=fleet_.proxy())
         # This writer's next append folds the read models from the log, not from what it rolled back.
+        mine.settle_lease(lease_id=lease.lease.id, lease_generation=1, result_digest=RESULT)
+        assert fleet_.store.backend.read_model_position() == fleet_.store.head().seq == 3
+        assert check_read_models(fleet_.store, replayed(fleet_.store)) == []
+
+
+
+def test_read_models_never_fold_from_a_batched_write_its_savepoint_undid(tmp_path: Path, store_target: str) -> None:
+    fleet_ = open_fleet(tmp_path, store_target)
+    with fleet_.store, EventStore.open(fleet_.path, now=fleet_.clock) as other:
+        attach(fleet_.store)
+        attach(other)
+        mine, theirs = fleet_.handle("runner-a"), fleet_.handle("runner-a", store=other)
+        mine.initialize()
+        rollbacks = fleet_.store.rollbacks
+        at = iso(fleet_.clock.ms)
+        phantom = LeaseAcquired(lease_id="lease-never", session_id="session-0", lease_generation=1, issued_at=at,
+                                expires_at=iso(fleet_.clock.ms + 60_000), proxy_authority=fleet_.proxy())
+
+        def appends_then_fails(tx: WriteTransaction) -> None:
+            tx.append("runner-a", [phantom])  # the read models fold it, then its savepoint undoes it
+            raise RuntimeError("changed its mind")
+
+        held = Held(fleet_.store)  # the failing work runs in a batch, under a savepoint, not alone
+        held.queue("fails", lambda: fleet_.store.commit("fails", appends_then_fails))
+        held.queue("reads", lambda: fleet_.store.commit("reads", lambda tx: tx.stream_version("runner-a")))
+        outcomes = held.release()
+        assert isinstance(outcomes["fails"], RuntimeError) and outcomes["reads"] == 1
+        assert fleet_.store.rollbacks == rollbacks + 1
+        lease = theirs.acquire_lease(session_id="session-1", expected_generation=1, proxy_authority=fleet_.proxy())
         mine.settle_lease(lease_id=lease.lease.id, lease_generation=1, result_digest=RESULT)
         assert fleet_.store.backend.read_model_position() == fleet_.store.head().seq == 3
         assert check_read_models(fleet_.store, replayed(fleet_.store)) == []
