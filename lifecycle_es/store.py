@@ -63,7 +63,11 @@ T = TypeVar("T")
 
 
 class Projector(Protocol):
-    """Something that keeps a read model in step with the log, inside the event transaction."""
+    """Something that keeps a read model in step with the log, inside the event transaction.
+
+    Its writes roll back with the transaction; anything it keeps in memory between appends it drops once
+    `EventStore.rollbacks` has moved since it kept it.
+    """
 
     def catch_up(self, store: EventStore) -> None:
         """Bring the read model up to the log's head (called inside the write transaction)."""
