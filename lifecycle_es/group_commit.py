@@ -18,6 +18,10 @@ caller whose work had succeeded gets that failure (its own copy of it); a commit
 unknown has fenced the store by then (`WriteTransaction`), exactly as a lone commit does. When the
 database ends the transaction under a savepoint (a full disk, an I/O error), the whole batch fails.
 
+A caller whose wait is interrupted (a signal's exception, KeyboardInterrupt, in the main thread) leaves
+the queue, and its work never runs; when a writer had already taken it into a batch, its work may still
+commit there, as a command whose reply was lost.
+
 A batch holds at most `max_batch` callers. The writer lingers (up to `linger_ms`) for late arrivals
 only while the store is busy: when the batch before it held more callers than are queued and ended
 less than `linger_ms` ago. A store that was idle never lingers.
@@ -144,7 +148,11 @@ class GroupCommit:
                     self._arrived.notify()
         if not lead:
             assert caller.wake is not None
-            caller.wake.acquire()  # released when served, or when handed the queue
+            try:
+                caller.wake.acquire()  # released when served, or when handed the queue
+            except BaseException:
+                self._withdraw(caller)  # a signal's exception (KeyboardInterrupt) in the waiting thread
+                raise
             if not caller.lead:
                 return caller.outcome()  # type: ignore[no-any-return]
         try:
@@ -220,6 +228,16 @@ class GroupCommit:
                 if savepoint.lost:
                     raise  # the transaction is gone: every other caller fails with this
                 caller.value = None
+
+    def _withdraw(self, caller: _Caller) -> None:
+        """`caller` stopped waiting: out of the queue if it is still there (its work never runs); the queue
+        handed on if it had been handed it; else its work is in a batch, and may commit with it."""
+        with self._mutex:
+            if caller in self._queue:
+                self._queue.remove(caller)
+                return
+        if caller.lead:
+            self._hand_on()
 
     def _hand_on(self) -> None:
         """The batch is done: hand the queue to the first caller waiting in it, or stand down."""

@@ -14,6 +14,7 @@ store has an id of its own, every column but the chain's links).
 from __future__ import annotations
 
 import shutil
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 from holding import Held
 from targets import Places
+from waiting import wait_for
 
 import projections
 from lifecycle_es import EventStore, RunnerLifecycle, StaleFenceError, StoreError, audit
@@ -351,3 +353,46 @@ def test_a_batch_reads_no_tail_once_the_connection_knows_its_streams(made: str, 
         assert sum(sql.startswith("INSERT INTO events") for sql in statements) == len(RUNNERS)
         assert sum(sql.startswith("INSERT INTO snapshots") for sql in statements) == len(RUNNERS)
     proved(made)
+
+
+class Interrupted(BaseException):
+    """What a signal handler raises in the main thread (as KeyboardInterrupt does on Ctrl-C)."""
+
+
+@pytest.mark.parametrize("places", ["sqlite"], indirect=True)  # the queue is the same on every backend
+def test_a_caller_interrupted_while_queued_leaves_the_queue_and_the_store_keeps_writing(made: str,
+                                                                                       base_dir: Path) -> None:
+    # The main thread waits in the queue behind a held writer; a signal's handler raises there. Its command
+    # never ran, so it must leave the queue: were the writer to hand the queue to it, nobody would take it
+    # and every later command of the store would wait for ever.
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with EventStore.open(made, now=FakeClock()) as store:
+            head = store.head()
+            a = handle(store, base_dir, "runner-a")
+            held = Held(store)
+            main = threading.get_ident()
+
+            def poke() -> None:
+                assert wait_for(lambda: store.group_commit.queued == 1)
+                signal.pthread_kill(main, signal.SIGUSR1)
+
+            poker = threading.Thread(target=poke)
+            poker.start()
+            with pytest.raises(Interrupted):
+                a.request_drain(expected_generation=1)
+            poker.join(20)
+            assert store.group_commit.queued == 0
+            held.release()
+            assert store.head() == head  # the interrupted command never ran
+            later: list[Any] = []
+            writer = threading.Thread(target=lambda: later.append(a.request_drain(expected_generation=1)), daemon=True)
+            writer.start()
+            writer.join(20)
+            assert [snapshot.generation for snapshot in later] == [3]  # drained and parked: the store still writes
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
