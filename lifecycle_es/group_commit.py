@@ -17,6 +17,10 @@ on. Every caller returns only once the batch's commit is durable. When the commi
 caller whose work had succeeded gets that failure (its own copy of it); a commit whose outcome is
 unknown has fenced the store by then (`WriteTransaction`), exactly as a lone commit does. When the
 database ends the transaction under a savepoint (a full disk, an I/O error), the whole batch fails.
+An interrupt (an exception that is no Exception: KeyboardInterrupt, SystemExit) raised while the writer
+serves a batch is its thread's, where a signal lands: the batch is rolled back, the writer raises it,
+and every other caller gets a StoreIOError saying nothing was committed; during the commit itself, the
+outcome is unknown and the store is fenced.
 
 A caller whose wait is interrupted (a signal's exception, KeyboardInterrupt, in the main thread) leaves
 the queue, and its work never runs; when a writer had already taken it into a batch, its work may still
@@ -35,6 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .errors import StoreIOError
 from .values import safe_int
 
 if TYPE_CHECKING:
@@ -186,15 +191,17 @@ class GroupCommit:
         """Run every caller's work in one transaction and commit; every caller of `batch` has its outcome after."""
         store = self._store
         failure: BaseException | None = None
+        committing = False
         self._writer = threading.get_ident()
+        action = batch[0].action if len(batch) == 1 else f"{batch[0].action} (a batch of {len(batch)})"
         try:
-            action = batch[0].action if len(batch) == 1 else f"{batch[0].action} (a batch of {len(batch)})"
             streams = [caller.stream for caller in batch if caller.stream is not None]
             with store.transaction(action, streams=streams) as tx:
                 if len(batch) == 1:
                     batch[0].value = batch[0].work(tx)  # alone: its error rolls back the transaction
                 else:
                     self._each(tx, batch)
+                committing = True  # what fails from here on fails the commit
         except BaseException as exc:
             failure = exc
         finally:
@@ -203,9 +210,10 @@ class GroupCommit:
             if len(batch) == 1:
                 batch[0].error = failure
             else:
+                shared = failure if isinstance(failure, Exception) else self._interrupted(action, failure, committing)
                 for caller in batch:
                     if caller.error is None:
-                        caller.error = failure
+                        caller.error = shared
                         caller.shared = True
         self.batches += 1
         self.commands += len(batch)
@@ -215,6 +223,17 @@ class GroupCommit:
                 caller.wake.release()
         if failure is not None and not isinstance(failure, Exception):
             raise failure  # an interrupt of the writer's own thread, after every caller was answered
+
+    def _interrupted(self, action: str, interrupt: BaseException, committing: bool) -> StoreIOError:
+        """The error of the other callers of a batch that an interrupt (KeyboardInterrupt, SystemExit) ended in
+        the writer's thread: the interrupt is that thread's, and would end theirs if raised there."""
+        name = type(interrupt).__name__
+        if not committing:
+            return StoreIOError(f"{action}: the thread writing the batch was interrupted ({name}) before its commit, "
+                                "so the batch was rolled back: nothing of it was committed")
+        cause = f"a batch's commit was interrupted ({name}), so whether it landed is unknown: reopen the store to learn"
+        self._store.fence(cause)
+        return StoreIOError(f"{action}: {cause}", outcome_unknown=True)
 
     def _each(self, tx: WriteTransaction, batch: list[_Caller]) -> None:
         backend = self._store.backend

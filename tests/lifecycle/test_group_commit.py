@@ -26,7 +26,15 @@ from targets import Places
 from waiting import wait_for
 
 import projections
-from lifecycle_es import EventStore, RunnerLifecycle, StaleFenceError, StoreError, audit
+from lifecycle_es import (
+    EventStore,
+    RunnerLifecycle,
+    StaleFenceError,
+    StoreError,
+    StoreFencedError,
+    StoreIOError,
+    audit,
+)
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import LeaseAcquired
 from lifecycle_es.store import WriteTransaction
@@ -396,3 +404,64 @@ def test_a_caller_interrupted_while_queued_leaves_the_queue_and_the_store_keeps_
             assert [snapshot.generation for snapshot in later] == [3]  # drained and parked: the store still writes
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def caught(call: Callable[[], Any]) -> Callable[[], Any]:
+    """`call`, returning what it raises, an interrupt included (a thread would end on it)."""
+    def run() -> Any:
+        try:
+            return call()
+        except BaseException as exc:  # the outcome the test asserts on
+            return exc
+    return run
+
+
+@pytest.mark.parametrize("places", ["sqlite"], indirect=True)  # the batch's bookkeeping is the same on every backend
+@pytest.mark.parametrize("when", ["work", "commit"])
+def test_an_interrupt_in_a_batch_is_the_writers_and_the_others_get_a_store_error(made: str, base_dir: Path,
+                                                                                 when: str) -> None:
+    # An interrupt raised in the writer's thread, in a command's work or while it commits (a signal lands in
+    # the thread it interrupts): the writer raises it, and no other caller's thread gets a copy of it (one
+    # would end each, a SystemExit silently). Before the commit nothing lands; during it, the outcome is unknown.
+    with EventStore.open(made, now=FakeClock()) as store:
+        before = log_rows(store)
+        a, c = handle(store, base_dir, "runner-a"), handle(store, base_dir, "runner-c")
+        lease = LeaseAcquired(lease_id="lease-x", session_id="s-x", lease_generation=1, issued_at=iso_ms(START_MS),
+                              expires_at=iso_ms(START_MS + HOUR), proxy_authority=proxy())
+
+        def appends(tx: WriteTransaction) -> None:
+            tx.append("runner-b", [lease], expected_version=1)
+            if when == "work":
+                raise Interrupted
+
+        def after_commit(conn: Any, name: str, pages: int) -> int:
+            raise Interrupted  # SQLite calls it once the commit is in the WAL
+
+        held = Held(store)
+        held.queue("a", caught(lambda: a.acquire_lease(session_id="s-1", expected_generation=1,
+                                                       proxy_authority=proxy())))
+        held.queue("b", caught(lambda: store.commit("appends", appends)))
+        held.queue("c", caught(lambda: c.acquire_lease(session_id="s-1", expected_generation=1,
+                                                       proxy_authority=proxy())))
+        if when == "commit":
+            store.backend.conn.set_wal_hook(after_commit)  # type: ignore[attr-defined]
+        outcomes = held.release()
+        assert isinstance(outcomes["a"], Interrupted)  # the batch's writer: the first queued
+        others = [outcomes["b"], outcomes["c"]]
+        assert all(type(error) is StoreIOError for error in others), outcomes
+        assert others[0] is not others[1]
+        if when == "work":
+            assert all(not error.outcome_unknown and "nothing of it was committed" in str(error) for error in others)
+            assert store.fenced is None and log_rows(store) == before
+            a.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy())
+            assert len(log_rows(store)) == len(before) + 1
+        else:
+            assert all(error.outcome_unknown for error in others)
+            assert store.fenced is not None
+            with pytest.raises(StoreFencedError):
+                a.acquire_lease(session_id="s-2", expected_generation=1, proxy_authority=proxy())
+    if when == "commit":
+        with EventStore.open(made) as reopened:  # the commit had landed: every command of the batch is there
+            assert [(row[1], row[3]) for row in log_rows(reopened)[len(before):]] == [
+                ("runner-a", "LeaseAcquired"), ("runner-b", "LeaseAcquired"), ("runner-c", "LeaseAcquired")]
+        proved(made)
