@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from .backend import PAGE_ROWS
-from .errors import InvalidInputError
+from .errors import InvalidInputError, StoreError
 from .events import Event
 from .host_fence import HostLeaseGrant
 from .lifecycle import RunnerLifecycle
@@ -58,6 +58,7 @@ class AsyncEventStore:
         if not isinstance(store, EventStore):
             raise InvalidInputError("store", f"store must be an EventStore, got {type(store).__name__}")
         self.store = store
+        self._closed = False
         self._pool = ThreadPoolExecutor(max_workers=safe_int(threads, "threads", 1, 1024),
                                         thread_name_prefix="lifecycle-es")
 
@@ -82,12 +83,19 @@ class AsyncEventStore:
         await self.close()
 
     async def run(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`call(*args, **kwargs)` in one of the store's threads: any blocking work on the store, awaited."""
+        """`call(*args, **kwargs)` in one of the store's threads: any blocking work on the store, awaited.
+
+        Once `close` has begun, StoreError (as the synchronous store raises once closed).
+        """
+        if self._closed:
+            # The pool is shut down: its RuntimeError would be no LifecycleError, and say nothing of the store.
+            raise StoreError(f"the store {self.store.path!r} was closed: open it again to use it")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: call(*args, **kwargs))
 
     async def close(self) -> None:
-        """Wait for the calls in flight, then close the store (in a thread)."""
+        """Wait for the calls in flight, then close the store (in a thread); later calls raise StoreError."""
+        self._closed = True
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._pool.shutdown)
         await loop.run_in_executor(None, self.store.close)

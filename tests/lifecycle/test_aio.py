@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from holding import Held
 
-from lifecycle_es import EventStore, InvalidInputError, RecordedEvent, StaleFenceError
+from lifecycle_es import EventStore, InvalidInputError, RecordedEvent, StaleFenceError, StoreError
 from lifecycle_es.aio import AsyncEventStore, AsyncRunnerLifecycle
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import ReclaimCompleted
@@ -165,3 +165,31 @@ def test_every_command_and_read_of_the_synchronous_api_is_mirrored() -> None:
             assert inspect.getdoc(value)
             for member in public(value):
                 assert inspect.getdoc(getattr(value, member)), f"{name}.{member}"
+
+
+def test_a_closed_store_raises_a_store_error_from_every_call_and_ends_a_follower(tmp_path: Path) -> None:
+    # As the synchronous store does once closed; the pool's own RuntimeError is no LifecycleError, and a
+    # follower's task would die of it.
+    async def main() -> None:
+        store = await AsyncEventStore.open(tmp_path / "events.db", now=FakeClock())
+        await store.append_unchecked("other", [ReclaimCompleted(generation=2)])
+        followed: list[Any] = []
+
+        async def follow() -> None:
+            async for event in store.follow(poll_interval=0.001):
+                followed.append(event.seq)
+
+        follower = asyncio.ensure_future(follow())
+        await until(lambda: followed == [1])
+        await store.close()
+        async with asyncio.timeout(GUARD_S):
+            with pytest.raises(StoreError, match="closed"):
+                await follower
+        one = runner(store, tmp_path, "runner-1")
+        for call in (store.head, lambda: store.append_unchecked("other", [ReclaimCompleted(generation=3)]),
+                     lambda: collect(store.read()), one.initialize):
+            with pytest.raises(StoreError, match="closed"):
+                await call()
+        await store.close()  # twice is no error
+
+    asyncio.run(main())
