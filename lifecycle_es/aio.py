@@ -112,9 +112,9 @@ class AsyncEventStore:
         """`EventStore.append_unchecked`, awaited."""
         return await self.run(self.store.append_unchecked, stream, events, expected_version=expected_version, at=at)
 
-    async def commit(self, action: str, work: Callable[[WriteTransaction], T]) -> T:
+    async def commit(self, action: str, work: Callable[[WriteTransaction], T], *, stream: str | None = None) -> T:
         """`EventStore.commit`, awaited: `work` runs in the writer's thread, never on the loop."""
-        return await self.run(self.store.commit, action, work)
+        return await self.run(self.store.commit, action, work, stream=stream)
 
     # --- reading ---------------------------------------------------------------------------------------
 
