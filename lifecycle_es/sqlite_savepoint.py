@@ -5,8 +5,9 @@
             ...                      # raises: this block's writes are gone, the transaction goes on
 
 SQLite ends the whole transaction by itself on some errors (a full disk, an I/O error, a busy lock,
-no memory); then there is no savepoint left to roll back to, and the exit raises StoreIOError saying
-that the transaction was lost, so the caller fails the whole batch rather than commit what is left.
+no memory); then there is no savepoint left to roll back to, and the exit raises StoreIOError (StoreFullError
+for a full disk) saying that the transaction was lost, so the caller fails the whole batch rather than
+commit what is left.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 import apsw
 
-from .errors import StoreIOError
+from .errors import StoreFullError, StoreIOError
 from .sqlite_errors import translation
 
 if TYPE_CHECKING:
@@ -60,8 +61,10 @@ class SqliteSavepoint:
         backend.log_end.forget()
         if conn.getautocommit():
             self.lost = True
-            raise StoreIOError(f"{self.action}: the database ended the write transaction ({exc}), so its batch "
-                               "is lost: nothing of it was committed") from exc
+            # A full disk stays a StoreFullError, as a lone command's is; the batch's loss is told in the message.
+            kind = StoreFullError if isinstance(exc, StoreFullError | apsw.FullError) else StoreIOError
+            raise kind(f"{self.action}: the database ended the write transaction ({exc}), so its batch "
+                       "is lost: nothing of it was committed") from exc
         try:
             conn.execute(f"ROLLBACK TO {_NAME}")
             conn.execute(f"RELEASE {_NAME}")

@@ -32,6 +32,7 @@ from lifecycle_es import (
     StoreIOError,
 )
 from lifecycle_es.canonical import iso_ms
+from lifecycle_es.events import DrainExpired, ReclaimCompleted
 from lifecycle_es.testing import RUNNER_DEFAULTS, START_MS, FakeClock, SequentialIds
 from lifecycle_es.values import ProxyAuthority
 
@@ -140,3 +141,32 @@ def test_a_store_fenced_while_a_batch_waited_fails_each_command_with_its_own_fen
         assert all(type(error) is StoreFencedError for error in errors) and errors[0] is not errors[1]
         assert [str(error) for error in errors] == ["the store is fenced: the test fenced it"] * 2
         assert [error.cause for error in errors] == ["the test fenced it"] * 2
+
+
+def test_a_disk_full_inside_a_batch_fails_every_command_with_store_full_and_lands_nothing(path: Path) -> None:
+    # A real limit on the file (max_page_count): the second command's rows do not fit. SQLite ends the
+    # whole transaction then, so every command of the batch fails, each with the full disk's own kind, as
+    # a lone command's is (a caller that waits for space on StoreFullError must not see a bare I/O error).
+    with EventStore.open(path, now=FakeClock()) as store:
+        before = rows(store)
+        conn = store.backend.conn  # type: ignore[attr-defined]
+        (pages,), = conn.execute("PRAGMA page_count").fetchall()
+        conn.execute(f"PRAGMA max_page_count = {pages + 2}")
+        many = DrainExpired(lease_ids=tuple(f"lease-{n:0200d}" for n in range(200)),
+                            deadline_at=iso_ms(START_MS))
+        held = Held(store)
+        held.queue("a", lambda: store.append_unchecked("stream-a", [ReclaimCompleted(generation=2)]))
+        held.queue("many", lambda: store.append_unchecked("stream-b", [many]))  # about 40 KB: beyond the limit
+        held.queue("c", lambda: store.append_unchecked("stream-c", [ReclaimCompleted(generation=2)]))
+        outcomes = held.release()
+        errors = [outcomes["a"], outcomes["many"], outcomes["c"]]
+        assert all(type(error) is StoreFullError for error in errors), outcomes
+        assert len({id(error) for error in errors}) == 3
+        assert store.fenced is None and rows(store) == before
+        with pytest.raises(StoreFullError):  # alone, the same command fails the same way
+            store.append_unchecked("stream-b", [many])
+        conn.execute(f"PRAGMA max_page_count = {1 << 30}")  # space again: the store writes on
+        store.append_unchecked("stream-a", [ReclaimCompleted(generation=2)])
+    with EventStore.open(path) as reopened:
+        assert rows(reopened)[:len(before)] == before and len(rows(reopened)) == len(before) + 1
+        reopened.verify()
