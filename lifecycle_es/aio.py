@@ -22,6 +22,7 @@ as a command whose reply was lost would.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -113,7 +114,14 @@ class AsyncEventStore:
         return await self.run(self.store.append_unchecked, stream, events, expected_version=expected_version, at=at)
 
     async def commit(self, action: str, work: Callable[[WriteTransaction], T], *, stream: str | None = None) -> T:
-        """`EventStore.commit`, awaited: `work` runs in the writer's thread, never on the loop."""
+        """`EventStore.commit`, awaited: `work` runs in the writer's thread, never on the loop.
+
+        `work` is a plain function: an ``async def`` one is refused (InvalidInputError), since its body would run
+        on the loop only when awaited, after its transaction ended.
+        """
+        if inspect.iscoroutinefunction(work):
+            raise InvalidInputError("work", f"work must be a plain function that runs inside the transaction, not the "
+                                            f"coroutine function {getattr(work, '__qualname__', type(work).__name__)}")
         return await self.run(self.store.commit, action, work, stream=stream)
 
     # --- reading ---------------------------------------------------------------------------------------

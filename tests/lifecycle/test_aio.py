@@ -123,6 +123,15 @@ def test_commands_reads_and_follow_mirror_the_synchronous_api(tmp_path: Path) ->
             await store.append_unchecked("other", [ReclaimCompleted(generation=2)])
             assert await store.streams() == ["other", "runner-1"]
             assert await store.commit("read", lambda tx: tx.stream_version("other"), stream="other") == 1
+            head = await store.head()
+
+            async def awaited_work(tx: Any) -> None:  # would append on the loop, after its transaction
+                tx.append_unchecked("other", [ReclaimCompleted(generation=3)])
+
+            with pytest.raises(InvalidInputError) as refused:
+                await store.commit("async", awaited_work)
+            assert refused.value.field == "work" and "awaited_work" in str(refused.value)
+            assert await store.head() == head
             assert (await store.head()).seq == 4 and await store.stream_version("runner-1") == 3
             assert [event.seq for event in await collect(store.read(after=1))] == [2, 3, 4]
             assert [event.version for event in await collect(store.read_stream("runner-1"))] == [1, 2, 3]
