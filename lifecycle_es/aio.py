@@ -15,8 +15,8 @@ thread of the store's own pool (`threads` of them, 64 by default: the default ex
 would cap how many commands can wait for one commit), and the commands of concurrent tasks meet in
 the store's group commit, so 64 tasks' commands share a few transactions, not 64 fsyncs in a row.
 Arguments are checked as the synchronous API checks them, with the same errors, raised from the
-await. A cancelled await does not stop a command already handed to a thread: it may still commit,
-as a command whose reply was lost would.
+await. A cancelled await does not stop a command already running in a thread: it may still commit,
+as a command whose reply was lost would; one still waiting for a free thread never runs.
 """
 
 from __future__ import annotations

@@ -203,3 +203,25 @@ def test_a_closed_store_raises_a_store_error_from_every_call_and_ends_a_follower
         await store.close()  # twice is no error
 
     asyncio.run(main())
+
+
+def test_a_cancelled_command_commits_once_in_a_thread_and_never_runs_while_it_waits_for_one(tmp_path: Path) -> None:
+    # What the module and the README say of cancellation: a command already in a thread may still commit
+    # (here two wait in the group commit's queue behind a held writer), one waiting for a free thread never runs.
+    async def main() -> None:
+        async with await AsyncEventStore.open(tmp_path / "events.db", now=FakeClock(), threads=2) as store:
+            group = store.store.group_commit
+            held = Held(store.store)
+            commands = [asyncio.ensure_future(store.append_unchecked(f"stream-{n}", [ReclaimCompleted(generation=2)]))
+                        for n in range(4)]
+            await until(lambda: group.queued == 2)
+            for command in commands:
+                command.cancel()
+            outcomes = await asyncio.gather(*commands, return_exceptions=True)
+            assert all(isinstance(outcome, asyncio.CancelledError) for outcome in outcomes)
+            held.gate.set()
+            await until(lambda: group.queued == 0 and group.commands == 3)  # the gate's, then the two queued
+            await store.run(held.release)
+            assert await store.streams() == ["stream-0", "stream-1"]
+
+    asyncio.run(main())
