@@ -91,6 +91,7 @@ class EventStore:
         self._fence: str | None = None
         self._projectors: list[Projector] = []
         self._local_commits = 0
+        self._writing: int | None = None  # the thread that holds a write transaction open, while one does
         # One connection serves every thread: a write transaction, a page of a read, holds it in turn, so
         # no thread reads another's uncommitted batch or starts a transaction inside it.
         self._lock = threading.RLock()
@@ -202,6 +203,12 @@ class EventStore:
         around those reads, so that it sees committed state only.
         """
         return self._lock
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether the calling thread holds a write transaction of this store open (its own, or the batch of
+        `commit` it writes): what it reads then may never commit, so a cache must not keep it."""
+        return self._writing == threading.get_ident()
 
     @property
     def group_commit(self) -> GroupCommit:

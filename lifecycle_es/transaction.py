@@ -69,12 +69,12 @@ class WriteTransaction:
         except BaseException:
             lock.release()
             raise
-        self._thread = threading.get_ident()
+        self._thread = self._store._writing = threading.get_ident()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Any:
         store = self._store
-        self._thread = None
+        self._thread = store._writing = None
         try:
             result = self._context.__exit__(kind, exc, tb)
             if kind is None:

@@ -465,3 +465,36 @@ def test_an_interrupt_in_a_batch_is_the_writers_and_the_others_get_a_store_error
             assert [(row[1], row[3]) for row in log_rows(reopened)[len(before):]] == [
                 ("runner-a", "LeaseAcquired"), ("runner-b", "LeaseAcquired"), ("runner-c", "LeaseAcquired")]
         proved(made)
+
+
+def test_a_state_read_inside_a_batch_that_rolls_back_is_not_kept_by_the_handle(made: str, base_dir: Path) -> None:
+    # A commit's work asks a runner's state, which holds the batch's uncommitted writes, then is rolled
+    # back. Kept, the rolled-back lease stayed in the handle's state: its next command met a ConcurrencyError,
+    # and once the stream had moved on it decided against a lease the log never held (an event the audit refuses).
+    with EventStore.open(made, now=FakeClock()) as store:
+        projections.attach(store)
+        b, c = handle(store, base_dir, "runner-b"), handle(store, base_dir, "runner-c")
+        b_other = RunnerLifecycle(store, **{**RUNNER_DEFAULTS, "runner_id": "runner-b"},  # type: ignore[arg-type]
+                                  base_dir=str(base_dir / "runner-b"), now=FakeClock(), random_id=SequentialIds(100))
+        lease = LeaseAcquired(lease_id="lease-x", session_id="s-x", lease_generation=1, issued_at=iso_ms(START_MS),
+                              expires_at=iso_ms(START_MS + HOUR), proxy_authority=proxy())
+        seen: list[list[str]] = []
+
+        def peeks_then_fails(tx: WriteTransaction) -> None:
+            tx.append("runner-b", [lease], expected_version=1)
+            seen.append([each.id for each in b.state().leases])  # its own uncommitted write, as it should
+            raise RuntimeError("rolled back")
+
+        held = Held(store)
+        held.queue("peeks", lambda: store.commit("peeks", peeks_then_fails))
+        held.queue("c", lambda: c.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy()))
+        outcomes = held.release()
+        assert isinstance(outcomes["peeks"], RuntimeError) and not isinstance(outcomes["c"], Exception)
+        assert seen == [["lease-x"]]
+        b_other.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy())  # the stream moves on
+        assert b.state() == projections.replay(store)["runner-b"]
+        assert [each.id for each in b.state().leases] == ["lease-000100"]
+        with pytest.raises(StaleFenceError, match="no lease lease-x"):
+            b.settle_lease(lease_id="lease-x", lease_generation=1, result_digest=DIGEST)
+        b.settle_lease(lease_id="lease-000100", lease_generation=1, result_digest=DIGEST)
+    proved(made)
