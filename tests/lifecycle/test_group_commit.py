@@ -416,13 +416,14 @@ def caught(call: Callable[[], Any]) -> Callable[[], Any]:
     return run
 
 
-@pytest.mark.parametrize("places", ["sqlite"], indirect=True)  # the batch's bookkeeping is the same on every backend
 @pytest.mark.parametrize("when", ["work", "commit"])
 def test_an_interrupt_in_a_batch_is_the_writers_and_the_others_get_a_store_error(made: str, base_dir: Path,
-                                                                                 when: str) -> None:
+                                                                                 places: Places, when: str) -> None:
     # An interrupt raised in the writer's thread, in a command's work or while it commits (a signal lands in
     # the thread it interrupts): the writer raises it, and no other caller's thread gets a copy of it (one
     # would end each, a SystemExit silently). Before the commit nothing lands; during it, the outcome is unknown.
+    if when == "commit" and places.backend != "sqlite":
+        pytest.skip("the interrupt is raised inside the commit by SQLite's WAL hook; a server runs no Python there")
     with EventStore.open(made, now=FakeClock()) as store:
         before = log_rows(store)
         a, c = handle(store, base_dir, "runner-a"), handle(store, base_dir, "runner-c")
