@@ -226,6 +226,42 @@ def test_a_write_inside_a_batch_is_refused_not_deadlocked(lifecycle_store: Event
     assert lifecycle_store.commit("after", lambda tx: tx.stream_version("runner-a")) == 1
 
 
+@pytest.mark.parametrize("places", ["sqlite"], indirect=True)  # a deadlock would hold the schema teardown drops
+def test_a_command_inside_a_transaction_of_its_thread_is_refused_while_another_thread_writes(made: str,
+                                                                                          base_dir: Path) -> None:
+    # Alone it is refused as a nested transaction. With another thread's command in flight, that thread is
+    # the writer, waiting for the lock this thread's transaction holds: queued behind it, this command waited
+    # for it for ever, and every later command of the store with them.
+    store = EventStore.open(made, now=FakeClock())  # closed at the end only: a deadlock holds its lock
+    a, c = handle(store, base_dir, "runner-a"), handle(store, base_dir, "runner-c")
+    inside, go = threading.Event(), threading.Event()
+    outcomes: dict[str, Any] = {}
+
+    def nests() -> None:
+        try:
+            with store.transaction("outer"):
+                inside.set()
+                assert go.wait(20)
+                a.request_drain(expected_generation=1)
+        except StoreError as exc:
+            outcomes["nests"] = exc
+
+    nesting = threading.Thread(target=nests, daemon=True)
+    nesting.start()
+    assert inside.wait(20)
+    writer = threading.Thread(target=lambda: outcomes.update(c=c.request_drain(expected_generation=1)),
+                              daemon=True)
+    writer.start()
+    assert wait_for(lambda: "writing" in repr(store.group_commit))  # the writer waits for the lock
+    go.set()
+    nesting.join(20)
+    writer.join(20)
+    assert not nesting.is_alive() and not writer.is_alive()
+    assert "within a transaction" in str(outcomes["nests"]) and outcomes["c"].state == "parked"
+    assert a.state().generation == 1
+    store.close()
+
+
 def test_a_lone_command_is_its_own_batch(made: str, base_dir: Path) -> None:
     with EventStore.open(made, now=FakeClock()) as store:
         a = handle(store, base_dir, "runner-a")
