@@ -135,10 +135,11 @@ class GroupCommit:
     def run(self, action: str, work: Callable[[WriteTransaction], T], stream: str | None = None) -> T:
         """`work(tx)` in a transaction shared with the callers of the same moment; its result once durable.
         `stream`: the stream `work` reads and appends to, if it is one (its tail is read with the lock)."""
-        if self._writer == threading.get_ident() or self._store.in_transaction:
-            # A write from inside a batch's work, or inside a transaction of this thread's own: a nested
-            # transaction, which the backend refuses as it always has (queued, it would wait for a writer
-            # that waits for this thread's lock, or for the very batch it is part of).
+        if self._writer == threading.get_ident() or self._store.lock._is_owned():  # type: ignore[attr-defined]
+            # A write from a thread that holds the store's lock (in a batch's work, a transaction of its own, a
+            # `with store.lock` block): queued, it would wait for a writer that waits for that lock, or for
+            # the very batch it is part of. So it is a transaction of its own at once, which the backend
+            # refuses as nested when one is open, as it always has.
             with self._store.transaction(action) as tx:
                 return work(tx)
         caller = _Caller(action, work, stream)
