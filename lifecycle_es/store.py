@@ -200,7 +200,8 @@ class EventStore:
         """The connection's lock: every write transaction holds it, every read takes it in turn.
 
         A thread that reads the backend directly while other threads write through this store holds it
-        around those reads, so that it sees committed state only.
+        around those reads, so that it sees committed state only. A command it issues meanwhile commits in a
+        transaction of its own, not in a batch (a batch's writer needs the lock).
         """
         return self._lock
 
