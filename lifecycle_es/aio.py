@@ -15,20 +15,21 @@ thread of the store's own pool (`threads` of them, 64 by default: the default ex
 would cap how many commands can wait for one commit), and the commands of concurrent tasks meet in
 the store's group commit, so 64 tasks' commands share a few transactions, not 64 fsyncs in a row.
 Arguments are checked as the synchronous API checks them, with the same errors, raised from the
-await. A cancelled await does not stop a command already handed to a thread: it may still commit,
-as a command whose reply was lost would.
+await. A cancelled await does not stop a command already running in a thread: it may still commit,
+as a command whose reply was lost would; one still waiting for a free thread never runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from .backend import PAGE_ROWS
-from .errors import InvalidInputError
+from .errors import InvalidInputError, StoreError
 from .events import Event
 from .host_fence import HostLeaseGrant
 from .lifecycle import RunnerLifecycle
@@ -58,6 +59,7 @@ class AsyncEventStore:
         if not isinstance(store, EventStore):
             raise InvalidInputError("store", f"store must be an EventStore, got {type(store).__name__}")
         self.store = store
+        self._closed = False
         self._pool = ThreadPoolExecutor(max_workers=safe_int(threads, "threads", 1, 1024),
                                         thread_name_prefix="lifecycle-es")
 
@@ -82,12 +84,19 @@ class AsyncEventStore:
         await self.close()
 
     async def run(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`call(*args, **kwargs)` in one of the store's threads: any blocking work on the store, awaited."""
+        """`call(*args, **kwargs)` in one of the store's threads: any blocking work on the store, awaited.
+
+        Once `close` has begun, StoreError (as the synchronous store raises once closed).
+        """
+        if self._closed:
+            # The pool is shut down: its RuntimeError would be no LifecycleError, and say nothing of the store.
+            raise StoreError(f"the store {self.store.path!r} was closed: open it again to use it")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: call(*args, **kwargs))
 
     async def close(self) -> None:
-        """Wait for the calls in flight, then close the store (in a thread)."""
+        """Wait for the calls in flight, then close the store (in a thread); later calls raise StoreError."""
+        self._closed = True
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._pool.shutdown)
         await loop.run_in_executor(None, self.store.close)
@@ -104,9 +113,16 @@ class AsyncEventStore:
         """`EventStore.append_unchecked`, awaited."""
         return await self.run(self.store.append_unchecked, stream, events, expected_version=expected_version, at=at)
 
-    async def commit(self, action: str, work: Callable[[WriteTransaction], T]) -> T:
-        """`EventStore.commit`, awaited: `work` runs in the writer's thread, never on the loop."""
-        return await self.run(self.store.commit, action, work)
+    async def commit(self, action: str, work: Callable[[WriteTransaction], T], *, stream: str | None = None) -> T:
+        """`EventStore.commit`, awaited: `work` runs in the writer's thread, never on the loop.
+
+        `work` is a plain function: an ``async def`` one is refused (InvalidInputError), since its body would run
+        on the loop only when awaited, after its transaction ended.
+        """
+        if inspect.iscoroutinefunction(work):
+            raise InvalidInputError("work", f"work must be a plain function that runs inside the transaction, not the "
+                                            f"coroutine function {getattr(work, '__qualname__', type(work).__name__)}")
+        return await self.run(self.store.commit, action, work, stream=stream)
 
     # --- reading ---------------------------------------------------------------------------------------
 

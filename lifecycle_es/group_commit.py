@@ -17,6 +17,14 @@ on. Every caller returns only once the batch's commit is durable. When the commi
 caller whose work had succeeded gets that failure (its own copy of it); a commit whose outcome is
 unknown has fenced the store by then (`WriteTransaction`), exactly as a lone commit does. When the
 database ends the transaction under a savepoint (a full disk, an I/O error), the whole batch fails.
+An interrupt (an exception that is no Exception: KeyboardInterrupt, SystemExit) raised while the writer
+serves a batch is its thread's, where a signal lands: the batch is rolled back, the writer raises it,
+and every other caller gets a StoreIOError saying nothing was committed; during the commit itself, the
+outcome is unknown and the store is fenced.
+
+A caller whose wait is interrupted (a signal's exception, KeyboardInterrupt, in the main thread) leaves
+the queue, and its work never runs; when a writer had already taken it into a batch, its work may still
+commit there, as a command whose reply was lost.
 
 A batch holds at most `max_batch` callers. The writer lingers (up to `linger_ms`) for late arrivals
 only while the store is busy: when the batch before it held more callers than are queued and ended
@@ -31,6 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .errors import StoreIOError
 from .values import safe_int
 
 if TYPE_CHECKING:
@@ -126,9 +135,11 @@ class GroupCommit:
     def run(self, action: str, work: Callable[[WriteTransaction], T], stream: str | None = None) -> T:
         """`work(tx)` in a transaction shared with the callers of the same moment; its result once durable.
         `stream`: the stream `work` reads and appends to, if it is one (its tail is read with the lock)."""
-        if self._writer == threading.get_ident():
-            # A write from inside a batch's work: a nested transaction, which the backend refuses as it
-            # always has (queueing it would wait for the very batch it is part of).
+        if self._writer == threading.get_ident() or self._store.lock._is_owned():  # type: ignore[attr-defined]
+            # A write from a thread that holds the store's lock (in a batch's work, a transaction of its own, a
+            # `with store.lock` block): queued, it would wait for a writer that waits for that lock, or for
+            # the very batch it is part of. So it is a transaction of its own at once, which the backend
+            # refuses as nested when one is open, as it always has.
             with self._store.transaction(action) as tx:
                 return work(tx)
         caller = _Caller(action, work, stream)
@@ -144,7 +155,11 @@ class GroupCommit:
                     self._arrived.notify()
         if not lead:
             assert caller.wake is not None
-            caller.wake.acquire()  # released when served, or when handed the queue
+            try:
+                caller.wake.acquire()  # released when served, or when handed the queue
+            except BaseException:
+                self._withdraw(caller)  # a signal's exception (KeyboardInterrupt) in the waiting thread
+                raise
             if not caller.lead:
                 return caller.outcome()  # type: ignore[no-any-return]
         try:
@@ -178,15 +193,17 @@ class GroupCommit:
         """Run every caller's work in one transaction and commit; every caller of `batch` has its outcome after."""
         store = self._store
         failure: BaseException | None = None
+        committing = False
         self._writer = threading.get_ident()
+        action = batch[0].action if len(batch) == 1 else f"{batch[0].action} (a batch of {len(batch)})"
         try:
-            action = batch[0].action if len(batch) == 1 else f"{batch[0].action} (a batch of {len(batch)})"
             streams = [caller.stream for caller in batch if caller.stream is not None]
             with store.transaction(action, streams=streams) as tx:
                 if len(batch) == 1:
                     batch[0].value = batch[0].work(tx)  # alone: its error rolls back the transaction
                 else:
                     self._each(tx, batch)
+                committing = True  # what fails from here on fails the commit
         except BaseException as exc:
             failure = exc
         finally:
@@ -195,9 +212,10 @@ class GroupCommit:
             if len(batch) == 1:
                 batch[0].error = failure
             else:
+                shared = failure if isinstance(failure, Exception) else self._interrupted(action, failure, committing)
                 for caller in batch:
                     if caller.error is None:
-                        caller.error = failure
+                        caller.error = shared
                         caller.shared = True
         self.batches += 1
         self.commands += len(batch)
@@ -207,6 +225,17 @@ class GroupCommit:
                 caller.wake.release()
         if failure is not None and not isinstance(failure, Exception):
             raise failure  # an interrupt of the writer's own thread, after every caller was answered
+
+    def _interrupted(self, action: str, interrupt: BaseException, committing: bool) -> StoreIOError:
+        """The error of the other callers of a batch that an interrupt (KeyboardInterrupt, SystemExit) ended in
+        the writer's thread: the interrupt is that thread's, and would end theirs if raised there."""
+        name = type(interrupt).__name__
+        if not committing:
+            return StoreIOError(f"{action}: the thread writing the batch was interrupted ({name}) before its commit, "
+                                "so the batch was rolled back: nothing of it was committed")
+        cause = f"a batch's commit was interrupted ({name}), so whether it landed is unknown: reopen the store to learn"
+        self._store.fence(cause)
+        return StoreIOError(f"{action}: {cause}", outcome_unknown=True)
 
     def _each(self, tx: WriteTransaction, batch: list[_Caller]) -> None:
         backend = self._store.backend
@@ -221,6 +250,16 @@ class GroupCommit:
                 if savepoint.lost:
                     raise  # the transaction is gone: every other caller fails with this
                 caller.value = None
+
+    def _withdraw(self, caller: _Caller) -> None:
+        """`caller` stopped waiting: out of the queue if it is still there (its work never runs); the queue
+        handed on if it had been handed it; else its work is in a batch, and may commit with it."""
+        with self._mutex:
+            if caller in self._queue:
+                self._queue.remove(caller)
+                return
+        if caller.lead:
+            self._hand_on()
 
     def _hand_on(self) -> None:
         """The batch is done: hand the queue to the first caller waiting in it, or stand down."""

@@ -116,7 +116,9 @@ class RunnerHandle:
 
         Inside a write transaction `tx` the stream's version is read through it, under the lock, and
         the append that follows reuses that read instead of making it again. What is read there is kept
-        only once committed (`_keep`): in a batch it may hold writes of others that never commit.
+        only once committed (`_keep`): in a batch it may hold writes of others that never commit. So is what
+        a read without `tx` sees inside a write transaction this thread holds (a commit's work asking a
+        runner's state): kept, a rolled-back event would stay in the state the next commands decide against.
         """
         folded = self._folded
         if folded.state is None:
@@ -124,7 +126,7 @@ class RunnerHandle:
         elif (tx.stream_version(self.runner_id) if tx is not None
               else self.store.stream_version(self.runner_id)) != folded.version:
             folded = load(self.store, self.runner_id, base=folded)
-        if tx is None:
+        if tx is None and not self.store.in_transaction:
             self._folded = folded
         return folded
 

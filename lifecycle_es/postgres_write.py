@@ -175,6 +175,12 @@ class ServerTransaction:
             if isinstance(exc, psycopg.Error):
                 raise translation(self.action, exc, backend.path) from exc
             return False
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            # A statement failed and its caller went on (it caught the error): the server would answer COMMIT
+            # with ROLLBACK, and the transaction's writes would pass for committed.
+            self._abandon()
+            raise StoreError(f"{self.action}: a statement of this transaction failed on {backend.path} and its "
+                             "caller went on, so the server rolled it back: nothing of it was committed")
         commit = "COMMIT"
         try:
             if batch:

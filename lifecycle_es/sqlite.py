@@ -265,6 +265,12 @@ class SqliteBackend(ReadModelTables):
         if not rows:
             return
         conn = self.conn
+        if conn.getautocommit():
+            # The database ended the write transaction on an error its caller caught and went on from: an
+            # insert now would commit by itself, outside the transaction the caller believes it is in.
+            self.log_end.forget()
+            raise StoreIOError("append: the write transaction is no longer open (the database ended it on an earlier "
+                               "error), so nothing more is written in it: nothing of it was committed")
         before = conn.total_changes()
         conn.executemany(_INSERT, rows)
         seq, digest = rows[-1][0], rows[-1][7]

@@ -5,8 +5,10 @@
             ...                      # raises: this block's writes are gone, the transaction goes on
 
 SQLite ends the whole transaction by itself on some errors (a full disk, an I/O error, a busy lock,
-no memory); then there is no savepoint left to roll back to, and the exit raises StoreIOError saying
-that the transaction was lost, so the caller fails the whole batch rather than commit what is left.
+no memory); then there is no savepoint left to roll back to, and the exit raises StoreIOError (StoreFullError
+for a full disk) saying that the transaction was lost, so the caller fails the whole batch rather than
+commit what is left. So does a block whose work caught that error and went on, and a savepoint begun
+after it: outside a transaction, SAVEPOINT and RELEASE would commit each later command alone.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 
 import apsw
 
-from .errors import StoreIOError
+from .errors import StoreFullError, StoreIOError
 from .sqlite_errors import translation
 
 if TYPE_CHECKING:
@@ -41,6 +43,11 @@ class SqliteSavepoint:
         self.lost = False
 
     def __enter__(self) -> SqliteSavepoint:
+        if self.backend.conn.getautocommit():
+            # Outside a transaction SAVEPOINT begins one of its own, which RELEASE commits: this command alone.
+            self.lost = True
+            raise StoreIOError(f"{self.action}: the batch's write transaction is no longer open, so its batch is "
+                               "lost: nothing of it was committed")
         try:
             self.backend.conn.execute(f"SAVEPOINT {_NAME}")
         except apsw.Error as exc:
@@ -52,6 +59,14 @@ class SqliteSavepoint:
         backend = self.backend
         conn = backend.conn
         if exc is None:
+            if conn.getautocommit():
+                # The block went on past the error that ended the transaction (it caught it): the commands after
+                # it would each commit alone, outside the batch.
+                self.lost = True
+                backend.log_end.forget()
+                raise StoreIOError(f"{self.action}: the database ended the write transaction while this command ran "
+                                   "(its work went on past the error), so its batch is lost: nothing of it was "
+                                   "committed")
             try:
                 conn.execute(f"RELEASE {_NAME}")
             except apsw.Error as error:
@@ -60,8 +75,10 @@ class SqliteSavepoint:
         backend.log_end.forget()
         if conn.getautocommit():
             self.lost = True
-            raise StoreIOError(f"{self.action}: the database ended the write transaction ({exc}), so its batch "
-                               "is lost: nothing of it was committed") from exc
+            # A full disk stays a StoreFullError, as a lone command's is; the batch's loss is told in the message.
+            kind = StoreFullError if isinstance(exc, StoreFullError | apsw.FullError) else StoreIOError
+            raise kind(f"{self.action}: the database ended the write transaction ({exc}), so its batch "
+                       "is lost: nothing of it was committed") from exc
         try:
             conn.execute(f"ROLLBACK TO {_NAME}")
             conn.execute(f"RELEASE {_NAME}")

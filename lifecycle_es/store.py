@@ -96,6 +96,7 @@ class EventStore:
         self._projectors: list[Projector] = []
         self._local_commits = 0
         self._rollbacks = 0
+        self._writing: int | None = None  # the thread that holds a write transaction open, while one does
         # One connection serves every thread: a write transaction, a page of a read, holds it in turn, so
         # no thread reads another's uncommitted batch or starts a transaction inside it.
         self._lock = threading.RLock()
@@ -204,7 +205,8 @@ class EventStore:
         """The connection's lock: every write transaction holds it, every read takes it in turn.
 
         A thread that reads the backend directly while other threads write through this store holds it
-        around those reads, so that it sees committed state only.
+        around those reads, so that it sees committed state only. A command it issues meanwhile commits in a
+        transaction of its own, not in a batch (a batch's writer needs the lock).
         """
         return self._lock
 
@@ -214,6 +216,12 @@ class EventStore:
         `commit` batch undone under their savepoints. A cache of what a write applied (a projector's) holds only
         while this has not moved since: what it kept may be of a write the log never held."""
         return self._rollbacks
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether the calling thread holds a write transaction of this store open (its own, or the batch of
+        `commit` it writes): what it reads then may never commit, so a cache must not keep it."""
+        return self._writing == threading.get_ident()
 
     @property
     def group_commit(self) -> GroupCommit:

@@ -13,11 +13,12 @@ the disk may not hold.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .backend import HostLeaseRow
-from .errors import StoreFencedError, StoreIOError
+from .errors import StoreError, StoreFencedError, StoreIOError
 from .events import Event
 from .log import RecordedEvent
 
@@ -50,13 +51,14 @@ class WriteTransaction:
     """The write side's unit of work, from `EventStore.transaction`: decisions read state under the lock
     (`stream_version`, `read_stream`, `head_at`), then append, all committed together or not at all."""
 
-    __slots__ = ("_action", "_context", "_store", "_streams")
+    __slots__ = ("_action", "_context", "_store", "_streams", "_thread")
 
     def __init__(self, store: EventStore, action: str, streams: Sequence[str] = ()) -> None:
         self._store = store
         self._action = action
         self._streams = streams
         self._context: Any = None
+        self._thread: int | None = None  # the thread that holds it open, while it is open
 
     def __enter__(self) -> WriteTransaction:
         lock = self._store._lock
@@ -67,10 +69,12 @@ class WriteTransaction:
         except BaseException:
             lock.release()
             raise
+        self._thread = self._store._writing = threading.get_ident()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Any:
         store = self._store
+        self._thread = store._writing = None
         committed = False
         try:
             result = self._context.__exit__(kind, exc, tb)
@@ -94,43 +98,54 @@ class WriteTransaction:
         """The store this transaction writes to."""
         return self._store
 
+    def _open(self) -> EventStore:
+        """The store, when this transaction is open in the calling thread; else StoreError."""
+        if self._thread != threading.get_ident():
+            # Kept past its block (returned by a commit's work, or an async function's coroutine run later)
+            # or handed to another thread, it would write outside any transaction, or inside another's,
+            # without the lock.
+            raise StoreError(f"{self._action}: this write transaction is not open in this thread (it ended, or "
+                             "another thread holds it): use it only inside its with block or the work it was "
+                             "given to, in that thread")
+        return self._store
+
     def head_at(self) -> str | None:
         """The head's at as of this transaction (None for an empty log): the earliest an event may be stamped.
 
         Read under the lock, and without a query after `stream_version` read the tail.
         """
-        return self._store._backend.head_at()
+        return self._open()._backend.head_at()
 
     def stream_version(self, stream: str) -> int:
         """The stream's version as of this transaction (read under the lock)."""
         # The tail, not the version alone: an append that follows in this transaction reuses the read.
-        return self._store._backend.tail(stream)[0]
+        return self._open()._backend.tail(stream)[0]
 
     def read_stream(self, stream: str, *, after_version: int = 0) -> Iterable[RecordedEvent]:
         """The stream's events after a version, as of this transaction."""
-        return self._store.read_stream(stream, after_version=after_version)
+        return self._open().read_stream(stream, after_version=after_version)
 
     def host_lease(self, stream: str) -> HostLeaseRow | None:
         """The runner's host lease row as of this transaction (read under the lock; see `lifecycle_es.host_lease`)."""
-        return self._store._backend.host_lease(stream)
+        return self._open()._backend.host_lease(stream)
 
     def lease_clock(self, now_ms: int) -> int:
         """The time host leases are judged at in this transaction: the database's clock where it has one (a
         server), else `now_ms` (the time the transaction stamps)."""
-        database = self._store._backend.clock_ms()
+        database = self._open()._backend.clock_ms()
         return now_ms if database is None else database
 
     def put_host_lease(self, stream: str, holder: str, token: int, expires_ms: int) -> None:
         """Write the runner's host lease row in this transaction (a renewal is no event)."""
-        self._store._backend.put_host_lease(stream, holder, token, expires_ms)
+        self._open()._backend.put_host_lease(stream, holder, token, expires_ms)
 
     def append(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
                at: str | None = None) -> list[RecordedEvent]:
         """`EventStore.append` inside this transaction (it commits when the `with` block ends without error)."""
-        return self._store._append(stream, events, expected_version, at, checked=True)
+        return self._open()._append(stream, events, expected_version, at, checked=True)
 
     def append_unchecked(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
                          at: str | None = None) -> list[RecordedEvent]:
         """`EventStore.append_unchecked` inside this transaction; also the path of a caller that has already
         decided its events through the rules under this transaction's lock (`RunnerLifecycle`)."""
-        return self._store._append(stream, events, expected_version, at, checked=False)
+        return self._open()._append(stream, events, expected_version, at, checked=False)

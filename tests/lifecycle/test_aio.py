@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from holding import Held
 
-from lifecycle_es import EventStore, InvalidInputError, RecordedEvent, StaleFenceError
+from lifecycle_es import EventStore, InvalidInputError, RecordedEvent, StaleFenceError, StoreError
 from lifecycle_es.aio import AsyncEventStore, AsyncRunnerLifecycle
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import ReclaimCompleted
@@ -122,6 +122,16 @@ def test_commands_reads_and_follow_mirror_the_synchronous_api(tmp_path: Path) ->
             assert state == one.lifecycle.state() and state.leases[0].status == "settled"
             await store.append_unchecked("other", [ReclaimCompleted(generation=2)])
             assert await store.streams() == ["other", "runner-1"]
+            assert await store.commit("read", lambda tx: tx.stream_version("other"), stream="other") == 1
+            head = await store.head()
+
+            async def awaited_work(tx: Any) -> None:  # would append on the loop, after its transaction
+                tx.append_unchecked("other", [ReclaimCompleted(generation=3)])
+
+            with pytest.raises(InvalidInputError) as refused:
+                await store.commit("async", awaited_work)
+            assert refused.value.field == "work" and "awaited_work" in str(refused.value)
+            assert await store.head() == head
             assert (await store.head()).seq == 4 and await store.stream_version("runner-1") == 3
             assert [event.seq for event in await collect(store.read(after=1))] == [2, 3, 4]
             assert [event.version for event in await collect(store.read_stream("runner-1"))] == [1, 2, 3]
@@ -165,3 +175,53 @@ def test_every_command_and_read_of_the_synchronous_api_is_mirrored() -> None:
             assert inspect.getdoc(value)
             for member in public(value):
                 assert inspect.getdoc(getattr(value, member)), f"{name}.{member}"
+
+
+def test_a_closed_store_raises_a_store_error_from_every_call_and_ends_a_follower(tmp_path: Path) -> None:
+    # As the synchronous store does once closed; the pool's own RuntimeError is no LifecycleError, and a
+    # follower's task would die of it.
+    async def main() -> None:
+        store = await AsyncEventStore.open(tmp_path / "events.db", now=FakeClock())
+        await store.append_unchecked("other", [ReclaimCompleted(generation=2)])
+        followed: list[Any] = []
+
+        async def follow() -> None:
+            async for event in store.follow(poll_interval=0.001):
+                followed.append(event.seq)
+
+        follower = asyncio.ensure_future(follow())
+        await until(lambda: followed == [1])
+        await store.close()
+        async with asyncio.timeout(GUARD_S):
+            with pytest.raises(StoreError, match="closed"):
+                await follower
+        one = runner(store, tmp_path, "runner-1")
+        for call in (store.head, lambda: store.append_unchecked("other", [ReclaimCompleted(generation=3)]),
+                     lambda: collect(store.read()), one.initialize):
+            with pytest.raises(StoreError, match="closed"):
+                await call()
+        await store.close()  # twice is no error
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_command_commits_once_in_a_thread_and_never_runs_while_it_waits_for_one(tmp_path: Path) -> None:
+    # What the module and the README say of cancellation: a command already in a thread may still commit
+    # (here two wait in the group commit's queue behind a held writer), one waiting for a free thread never runs.
+    async def main() -> None:
+        async with await AsyncEventStore.open(tmp_path / "events.db", now=FakeClock(), threads=2) as store:
+            group = store.store.group_commit
+            held = Held(store.store)
+            commands = [asyncio.ensure_future(store.append_unchecked(f"stream-{n}", [ReclaimCompleted(generation=2)]))
+                        for n in range(4)]
+            await until(lambda: group.queued == 2)
+            for command in commands:
+                command.cancel()
+            outcomes = await asyncio.gather(*commands, return_exceptions=True)
+            assert all(isinstance(outcome, asyncio.CancelledError) for outcome in outcomes)
+            held.gate.set()
+            await until(lambda: group.queued == 0 and group.commands == 3)  # the gate's, then the two queued
+            await store.run(held.release)
+            assert await store.streams() == ["stream-0", "stream-1"]
+
+    asyncio.run(main())

@@ -14,6 +14,7 @@ store has an id of its own, every column but the chain's links).
 from __future__ import annotations
 
 import shutil
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,9 +23,18 @@ from typing import Any
 import pytest
 from holding import Held
 from targets import Places
+from waiting import wait_for
 
 import projections
-from lifecycle_es import EventStore, RunnerLifecycle, StaleFenceError, StoreError, audit
+from lifecycle_es import (
+    EventStore,
+    RunnerLifecycle,
+    StaleFenceError,
+    StoreError,
+    StoreFencedError,
+    StoreIOError,
+    audit,
+)
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import LeaseAcquired
 from lifecycle_es.store import WriteTransaction
@@ -216,6 +226,47 @@ def test_a_write_inside_a_batch_is_refused_not_deadlocked(lifecycle_store: Event
     assert lifecycle_store.commit("after", lambda tx: tx.stream_version("runner-a")) == 1
 
 
+@pytest.mark.parametrize("places", ["sqlite"], indirect=True)  # a deadlock would hold the schema teardown drops
+@pytest.mark.parametrize("holds", ["transaction", "lock"])
+def test_a_command_from_a_thread_holding_the_stores_lock_never_waits_for_another_writer(made: str, base_dir: Path,
+                                                                                        holds: str) -> None:
+    # With another thread's command in flight, that thread is the writer, waiting for the lock this thread
+    # holds (in a transaction, or around reads of its own): queued behind it, this command waited for it for
+    # ever, and every later command of the store with them. Inside a transaction it is refused as nested (as
+    # it is alone); holding the lock only, it commits in a transaction of its own.
+    store = EventStore.open(made, now=FakeClock())  # closed at the end only: a deadlock holds its lock
+    a, c = handle(store, base_dir, "runner-a"), handle(store, base_dir, "runner-c")
+    inside, go = threading.Event(), threading.Event()
+    outcomes: dict[str, Any] = {}
+
+    def nests() -> None:
+        try:
+            with store.transaction("outer") if holds == "transaction" else store.lock:
+                inside.set()
+                assert go.wait(20)
+                a.request_drain(expected_generation=1)
+        except StoreError as exc:
+            outcomes["nests"] = exc
+
+    nesting = threading.Thread(target=nests, daemon=True)
+    nesting.start()
+    assert inside.wait(20)
+    writer = threading.Thread(target=lambda: outcomes.update(c=c.request_drain(expected_generation=1)),
+                              daemon=True)
+    writer.start()
+    assert wait_for(lambda: "writing" in repr(store.group_commit))  # the writer waits for the lock
+    go.set()
+    nesting.join(20)
+    writer.join(20)
+    assert not nesting.is_alive() and not writer.is_alive()
+    assert outcomes["c"].state == "parked"
+    if holds == "transaction":
+        assert "within a transaction" in str(outcomes["nests"]) and a.state().generation == 1
+    else:
+        assert "nests" not in outcomes and a.state().state == "parked"
+    store.close()
+
+
 def test_a_lone_command_is_its_own_batch(made: str, base_dir: Path) -> None:
     with EventStore.open(made, now=FakeClock()) as store:
         a = handle(store, base_dir, "runner-a")
@@ -350,4 +401,142 @@ def test_a_batch_reads_no_tail_once_the_connection_knows_its_streams(made: str, 
         assert [sql for sql in statements if sql in (_TAIL, _HEAD_AT, _STREAM_VERSION)] == []
         assert sum(sql.startswith("INSERT INTO events") for sql in statements) == len(RUNNERS)
         assert sum(sql.startswith("INSERT INTO snapshots") for sql in statements) == len(RUNNERS)
+    proved(made)
+
+
+class Interrupted(BaseException):
+    """What a signal handler raises in the main thread (as KeyboardInterrupt does on Ctrl-C)."""
+
+
+@pytest.mark.parametrize("places", ["sqlite"], indirect=True)  # the queue is the same on every backend
+def test_a_caller_interrupted_while_queued_leaves_the_queue_and_the_store_keeps_writing(made: str,
+                                                                                       base_dir: Path) -> None:
+    # The main thread waits in the queue behind a held writer; a signal's handler raises there. Its command
+    # never ran, so it must leave the queue: were the writer to hand the queue to it, nobody would take it
+    # and every later command of the store would wait for ever.
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with EventStore.open(made, now=FakeClock()) as store:
+            head = store.head()
+            a = handle(store, base_dir, "runner-a")
+            held = Held(store)
+            main = threading.get_ident()
+
+            def poke() -> None:
+                assert wait_for(lambda: store.group_commit.queued == 1)
+                signal.pthread_kill(main, signal.SIGUSR1)
+
+            poker = threading.Thread(target=poke)
+            poker.start()
+            with pytest.raises(Interrupted):
+                a.request_drain(expected_generation=1)
+            poker.join(20)
+            assert store.group_commit.queued == 0
+            held.release()
+            assert store.head() == head  # the interrupted command never ran
+            later: list[Any] = []
+            writer = threading.Thread(target=lambda: later.append(a.request_drain(expected_generation=1)), daemon=True)
+            writer.start()
+            writer.join(20)
+            assert [snapshot.generation for snapshot in later] == [3]  # drained and parked: the store still writes
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def caught(call: Callable[[], Any]) -> Callable[[], Any]:
+    """`call`, returning what it raises, an interrupt included (a thread would end on it)."""
+    def run() -> Any:
+        try:
+            return call()
+        except BaseException as exc:  # the outcome the test asserts on
+            return exc
+    return run
+
+
+@pytest.mark.parametrize("when", ["work", "commit"])
+def test_an_interrupt_in_a_batch_is_the_writers_and_the_others_get_a_store_error(made: str, base_dir: Path,
+                                                                                 places: Places, when: str) -> None:
+    # An interrupt raised in the writer's thread, in a command's work or while it commits (a signal lands in
+    # the thread it interrupts): the writer raises it, and no other caller's thread gets a copy of it (one
+    # would end each, a SystemExit silently). Before the commit nothing lands; during it, the outcome is unknown.
+    if when == "commit" and places.backend != "sqlite":
+        pytest.skip("the interrupt is raised inside the commit by SQLite's WAL hook; a server runs no Python there")
+    with EventStore.open(made, now=FakeClock()) as store:
+        before = log_rows(store)
+        a, c = handle(store, base_dir, "runner-a"), handle(store, base_dir, "runner-c")
+        lease = LeaseAcquired(lease_id="lease-x", session_id="s-x", lease_generation=1, issued_at=iso_ms(START_MS),
+                              expires_at=iso_ms(START_MS + HOUR), proxy_authority=proxy())
+
+        def appends(tx: WriteTransaction) -> None:
+            tx.append("runner-b", [lease], expected_version=1)
+            if when == "work":
+                raise Interrupted
+
+        def after_commit(conn: Any, name: str, pages: int) -> int:
+            raise Interrupted  # SQLite calls it once the commit is in the WAL
+
+        held = Held(store)
+        held.queue("a", caught(lambda: a.acquire_lease(session_id="s-1", expected_generation=1,
+                                                       proxy_authority=proxy())))
+        held.queue("b", caught(lambda: store.commit("appends", appends)))
+        held.queue("c", caught(lambda: c.acquire_lease(session_id="s-1", expected_generation=1,
+                                                       proxy_authority=proxy())))
+        if when == "commit":
+            store.backend.conn.set_wal_hook(after_commit)  # type: ignore[attr-defined]
+        outcomes = held.release()
+        assert isinstance(outcomes["a"], Interrupted)  # the batch's writer: the first queued
+        others = [outcomes["b"], outcomes["c"]]
+        assert all(type(error) is StoreIOError for error in others), outcomes
+        assert others[0] is not others[1]
+        if when == "work":
+            assert all(not error.outcome_unknown and "nothing of it was committed" in str(error) for error in others)
+            assert store.fenced is None and log_rows(store) == before
+            a.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy())
+            assert len(log_rows(store)) == len(before) + 1
+        else:
+            assert all(error.outcome_unknown for error in others)
+            assert store.fenced is not None
+            with pytest.raises(StoreFencedError):
+                a.acquire_lease(session_id="s-2", expected_generation=1, proxy_authority=proxy())
+    if when == "commit":
+        with EventStore.open(made) as reopened:  # the commit had landed: every command of the batch is there
+            assert [(row[1], row[3]) for row in log_rows(reopened)[len(before):]] == [
+                ("runner-a", "LeaseAcquired"), ("runner-b", "LeaseAcquired"), ("runner-c", "LeaseAcquired")]
+        proved(made)
+
+
+def test_a_state_read_inside_a_batch_that_rolls_back_is_not_kept_by_the_handle(made: str, base_dir: Path) -> None:
+    # A commit's work asks a runner's state, which holds the batch's uncommitted writes, then is rolled
+    # back. Kept, the rolled-back lease stayed in the handle's state: its next command met a ConcurrencyError,
+    # and once the stream had moved on it decided against a lease the log never held (an event the audit refuses).
+    with EventStore.open(made, now=FakeClock()) as store:
+        projections.attach(store)
+        b, c = handle(store, base_dir, "runner-b"), handle(store, base_dir, "runner-c")
+        b_other = RunnerLifecycle(store, **{**RUNNER_DEFAULTS, "runner_id": "runner-b"},  # type: ignore[arg-type]
+                                  base_dir=str(base_dir / "runner-b"), now=FakeClock(), random_id=SequentialIds(100))
+        lease = LeaseAcquired(lease_id="lease-x", session_id="s-x", lease_generation=1, issued_at=iso_ms(START_MS),
+                              expires_at=iso_ms(START_MS + HOUR), proxy_authority=proxy())
+        seen: list[list[str]] = []
+
+        def peeks_then_fails(tx: WriteTransaction) -> None:
+            tx.append("runner-b", [lease], expected_version=1)
+            seen.append([each.id for each in b.state().leases])  # its own uncommitted write, as it should
+            raise RuntimeError("rolled back")
+
+        held = Held(store)
+        held.queue("peeks", lambda: store.commit("peeks", peeks_then_fails))
+        held.queue("c", lambda: c.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy()))
+        outcomes = held.release()
+        assert isinstance(outcomes["peeks"], RuntimeError) and not isinstance(outcomes["c"], Exception)
+        assert seen == [["lease-x"]]
+        b_other.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy())  # the stream moves on
+        assert b.state() == projections.replay(store)["runner-b"]
+        assert [each.id for each in b.state().leases] == ["lease-000100"]
+        with pytest.raises(StaleFenceError, match="no lease lease-x"):
+            b.settle_lease(lease_id="lease-x", lease_generation=1, result_digest=DIGEST)
+        b.settle_lease(lease_id="lease-000100", lease_generation=1, result_digest=DIGEST)
     proved(made)

@@ -32,6 +32,8 @@ from lifecycle_es import (
     StoreIOError,
 )
 from lifecycle_es.canonical import iso_ms
+from lifecycle_es.events import DrainExpired, ReclaimCompleted
+from lifecycle_es.store import WriteTransaction
 from lifecycle_es.testing import RUNNER_DEFAULTS, START_MS, FakeClock, SequentialIds
 from lifecycle_es.values import ProxyAuthority
 
@@ -140,3 +142,73 @@ def test_a_store_fenced_while_a_batch_waited_fails_each_command_with_its_own_fen
         assert all(type(error) is StoreFencedError for error in errors) and errors[0] is not errors[1]
         assert [str(error) for error in errors] == ["the store is fenced: the test fenced it"] * 2
         assert [error.cause for error in errors] == ["the test fenced it"] * 2
+
+
+def test_a_disk_full_inside_a_batch_fails_every_command_with_store_full_and_lands_nothing(path: Path) -> None:
+    # A real limit on the file (max_page_count): the second command's rows do not fit. SQLite ends the
+    # whole transaction then, so every command of the batch fails, each with the full disk's own kind, as
+    # a lone command's is (a caller that waits for space on StoreFullError must not see a bare I/O error).
+    with EventStore.open(path, now=FakeClock()) as store:
+        before = rows(store)
+        conn = store.backend.conn  # type: ignore[attr-defined]
+        (pages,), = conn.execute("PRAGMA page_count").fetchall()
+        conn.execute(f"PRAGMA max_page_count = {pages + 2}")
+        many = DrainExpired(lease_ids=tuple(f"lease-{n:0200d}" for n in range(200)),
+                            deadline_at=iso_ms(START_MS))
+        held = Held(store)
+        held.queue("a", lambda: store.append_unchecked("stream-a", [ReclaimCompleted(generation=2)]))
+        held.queue("many", lambda: store.append_unchecked("stream-b", [many]))  # about 40 KB: beyond the limit
+        held.queue("c", lambda: store.append_unchecked("stream-c", [ReclaimCompleted(generation=2)]))
+        outcomes = held.release()
+        errors = [outcomes["a"], outcomes["many"], outcomes["c"]]
+        assert all(type(error) is StoreFullError for error in errors), outcomes
+        assert len({id(error) for error in errors}) == 3
+        assert store.fenced is None and rows(store) == before
+        with pytest.raises(StoreFullError):  # alone, the same command fails the same way
+            store.append_unchecked("stream-b", [many])
+        conn.execute(f"PRAGMA max_page_count = {1 << 30}")  # space again: the store writes on
+        store.append_unchecked("stream-a", [ReclaimCompleted(generation=2)])
+    with EventStore.open(path) as reopened:
+        assert rows(reopened)[:len(before)] == before and len(rows(reopened)) == len(before) + 1
+        reopened.verify()
+
+
+@pytest.mark.parametrize("then", ["returns", "appends"])
+def test_a_command_that_catches_the_full_disk_and_goes_on_loses_its_batch_whole(path: Path, then: str) -> None:
+    # SQLite ended the transaction on the full disk, and the command's work caught the error and went on.
+    # Outside a transaction, the commands after it began and committed one of their own each (SAVEPOINT,
+    # RELEASE), and an append of its own committed by itself: their callers were told the batch failed.
+    with EventStore.open(path, now=FakeClock()) as store:
+        before = rows(store)
+        conn = store.backend.conn  # type: ignore[attr-defined]
+        (pages,), = conn.execute("PRAGMA page_count").fetchall()
+        conn.execute(f"PRAGMA max_page_count = {pages + 2}")
+        many = DrainExpired(lease_ids=tuple(f"lease-{n:0200d}" for n in range(200)), deadline_at=iso_ms(START_MS))
+
+        def goes_on(tx: WriteTransaction) -> str:
+            try:
+                tx.append_unchecked("stream-b", [many])
+            except Exception as exc:  # the caller's own mistake, under test
+                caught = type(exc).__name__
+            if then == "appends":
+                tx.append_unchecked("stream-b", [ReclaimCompleted(generation=2)])
+            return caught
+
+        held = Held(store)
+        held.queue("a", lambda: store.append_unchecked("stream-a", [ReclaimCompleted(generation=2)]))
+        held.queue("goes_on", lambda: store.commit("goes on", goes_on))
+        held.queue("c", lambda: store.append_unchecked("stream-c", [ReclaimCompleted(generation=2)]))
+        held.queue("d", lambda: store.append_unchecked("stream-d", [ReclaimCompleted(generation=2)]))
+        outcomes = held.release()
+        assert all(type(outcomes[name]) is StoreIOError for name in ("a", "goes_on", "c", "d")), outcomes
+        assert all("nothing of it was committed" in str(outcomes[name]) for name in ("a", "goes_on", "c", "d"))
+        assert rows(store) == before
+        if then == "appends":  # alone, the same work commits nothing either
+            with pytest.raises(StoreIOError, match="no longer open"):
+                store.commit("goes on", goes_on)
+            assert rows(store) == before
+        conn.execute(f"PRAGMA max_page_count = {1 << 30}")
+        store.append_unchecked("stream-a", [ReclaimCompleted(generation=2)])
+    with EventStore.open(path) as reopened:
+        assert len(rows(reopened)) == len(before) + 1
+        reopened.verify()

@@ -18,12 +18,14 @@ from lifecycle_es.backends import mask_password, server_target
 from lifecycle_es.errors import (
     InvalidInputError,
     StoreBehindSealError,
+    StoreError,
     StoreFencedError,
     StoreFormatError,
     StoreIOError,
     StorePragmaError,
 )
 from lifecycle_es.events import ReclaimCompleted
+from lifecycle_es.store import WriteTransaction
 
 
 def superuser(server: Server) -> psycopg.Connection[tuple[object, ...]]:
@@ -317,3 +319,21 @@ def test_host_leases_expire_by_the_servers_clock_not_a_drivers(pg_url: str, tmp_
         with pytest.raises(HostLeaseHeldError):  # by its own clock the lease expired long ago; not by the server's
             handles[1].take_host_lease(holder="host-b/boot/1", ttl_ms=60_000)
         handles[0].renew_host_lease(grant)
+
+
+def test_a_transaction_whose_statement_failed_and_whose_caller_went_on_does_not_pass_for_committed(
+        pg_url: str) -> None:
+    # The server answers COMMIT in a failed transaction with ROLLBACK, no error: a commit whose work caught a
+    # statement's error returned as if its other writes (a host lease row here) had landed.
+    with EventStore.open(pg_url) as store:
+        def goes_on(tx: WriteTransaction) -> str:
+            tx.put_host_lease("runner-1", "host-a", 1, 10**12)
+            with pytest.raises(StoreError):
+                store.backend.execute("SELECT 1/0")  # type: ignore[attr-defined]
+            return "went on"
+
+        with pytest.raises(StoreError, match="nothing of it was committed"):
+            store.commit("goes on", goes_on)
+        assert store.host_lease("runner-1") is None
+        store.commit("writes", lambda tx: tx.put_host_lease("runner-1", "host-a", 1, 10**12))
+        assert store.host_lease("runner-1") == ("host-a", 1, 10**12)

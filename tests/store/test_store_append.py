@@ -6,6 +6,7 @@ before and after with the store left open, or every row of a server store's sche
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -16,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from targets import durable_state, raw_insert
 
-from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError
+from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError, StoreError
 from lifecycle_es.backend import MAX_EVENT_BYTES
 from lifecycle_es.backends import is_url
 from lifecycle_es.canonical import MAX_EPOCH_MS, canonical_ms, iso_ms, timestamp
@@ -276,3 +277,32 @@ def test_an_at_the_append_keeps_as_given_is_one_timestamp_would_return_unchanged
     for candidate in (text, text[:position] + patch + text[position + len(patch) or position + 1:]):
         if canonical_ms(candidate) is not None:
             assert timestamp(candidate, "at") == candidate
+
+
+def test_a_write_transaction_kept_past_its_block_or_used_from_another_thread_writes_nothing(
+        started: EventStore) -> None:
+    # Past its block (returned by a commit's work, or an async function's coroutine run later) a transaction's
+    # append ran outside any transaction (on a server, its rows were kept for a COMMIT that never came: an
+    # append acknowledged and never written); from another thread it wrote inside the open one, without the lock.
+    before = durable_state(started.path)
+    kept = started.commit("keeps", lambda tx: tx)
+    refused: list[BaseException] = []
+    with started.transaction("open") as tx:
+        def elsewhere() -> None:
+            try:
+                tx.append_unchecked("runner-1", [ReclaimCompleted(generation=3)], expected_version=2)
+            except StoreError as exc:
+                refused.append(exc)
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join(20)
+        assert tx.stream_version("runner-1") == 2  # open in this thread
+    assert len(refused) == 1 and "not open in this thread" in str(refused[0])
+    for call in (lambda: kept.append_unchecked("runner-1", [ReclaimCompleted(generation=3)], expected_version=2),
+                 lambda: kept.append("runner-3", [ReclaimCompleted(generation=3)]),
+                 lambda: kept.put_host_lease("runner-1", "host", 1, 1), lambda: kept.stream_version("runner-1")):
+        with pytest.raises(StoreError, match="not open in this thread"):
+            call()
+    assert durable_state(started.path) == before
+    assert started.verify().events == 3
