@@ -251,6 +251,9 @@ def fold_log(store: EventStore, *, until_seq: int | None = None,
             folding = get(row[1])
             if folding is None:
                 folding = folds[row[1]] = Fold()
+            # Each stream's versions count up from 1 in seq order, as the audit's walk and a shared replay check.
+            if row[2] != folding.version + 1:
+                raise IntegrityError(row[0], f"version {row[2]} where {folding.version + 1} was due", stream=row[1])
             folding.add_row(row)
         if progress is not None:
             progress(rows[-1][0])

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +205,29 @@ def attack(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
             conn.execute(statement)
         conn.close()
 
+
+
+def set_events_schema(path: Path, transform: Callable[[str], str]) -> str:
+    """Rewrite the events table's CREATE statement in the schema (writable_schema); return the old one."""
+    conn = apsw.Connection(str(path))
+    try:
+        (sql,), = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'events'").fetchall()
+        conn.execute("PRAGMA writable_schema=ON")
+        conn.execute("UPDATE sqlite_schema SET sql = ? WHERE name = 'events'", (transform(sql),))
+        conn.execute("PRAGMA writable_schema=OFF")
+    finally:
+        conn.close()  # the next connection reads the rewritten schema
+    return str(sql)
+
+
+def smuggle(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
+    """`attack` with the events table's STRICT and NOT NULL lifted for the edits and put back after: values of
+    any type in any column, in a file whose schema reads as the store made it."""
+    original = set_events_schema(path, lambda sql: sql.replace(") STRICT", ")").replace(" NOT NULL", ""))
+    try:
+        attack(path, *statements)
+    finally:
+        set_events_schema(path, lambda _: original)
 
 def edit_caches(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
     """Edit the caches (snapshots, read models) as anyone with write access can: plain apsw, nothing else touched.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import apsw
 import pytest
-from fleets import attack, copy_store, rechain
+from fleets import attack, copy_store, rechain, smuggle
 
 from lifecycle_es import AuditReport, EventStore, audit
 from lifecycle_es.walk import counted, open_for_audit, owners, split
@@ -130,3 +130,13 @@ def test_an_event_of_one_walkers_runner_in_the_others_range_is_named_at_its_seq(
         rechain(path)
     one, two = same_first_problem(path, seq, "rules" if rechained else "chain")
     assert two.first_problem == one.first_problem and one.first_problem.stream == stream
+
+
+@pytest.mark.parametrize("version", ["", b"\x01", None], ids=["text", "bytes", "null"])
+def test_a_version_smuggled_past_strict_is_named_at_its_seq_by_both(interleaved: Path, tmp_path: Path,
+                                                                    version: object) -> None:
+    # The stream's last version, as the sharing of runners reads it, is that value (text sorts after integers).
+    path = copied(interleaved, tmp_path / "version.db")
+    seq, _, _ = row_of(path, 1, shares(path)[0][1])
+    smuggle(path, ("UPDATE events SET version = ? WHERE seq = ?", (version, seq)))
+    same_first_problem(path, seq, "chain")

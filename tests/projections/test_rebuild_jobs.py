@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleets import attack, build_long, copy_store, rechain, run
+from fleets import attack, build_long, copy_store, rechain, run, smuggle
 
 from lifecycle_es import EventStore, audit
 from lifecycle_es.errors import IntegrityError, InvalidInputError
@@ -87,6 +87,22 @@ def test_a_log_the_rules_refuse_fails_at_the_same_seq_and_changes_nothing(long_l
             found.append((refused.value.seq, refused.value.stream))
     assert found == [(row.seq, row.stream)] * 2
 
+
+
+def test_a_version_smuggled_past_strict_fails_at_its_seq_and_changes_nothing(long_log: Path, tmp_path: Path) -> None:
+    path = copied(long_log, tmp_path / "version.db")
+    with EventStore.open(path, read_only=True) as store:
+        row = next(row for row in store.read(after=store.head().seq // 2) if row.type == "LeaseSettled")
+    smuggle(path, ("UPDATE events SET version = ? WHERE seq = ?", ("", row.seq)))  # text sorts after integers
+    found = []
+    for jobs in (1, 2):
+        with EventStore.open(path) as store:
+            before = caches(store)
+            with pytest.raises(IntegrityError) as refused:
+                rebuild(store, jobs=jobs)
+            assert caches(store) == before
+            found.append(refused.value.seq)
+    assert found == [row.seq] * 2
 
 @pytest.mark.parametrize("jobs", [0, -1, True, 2.0, "2", None])
 def test_bad_jobs_are_refused_before_anything_is_written(long_log: Path, tmp_path: Path, jobs: object) -> None:

@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 
 import apsw
 import pytest
-from fleets import build_long
+from fleets import build_long, set_events_schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -486,25 +486,12 @@ def _not_json(data: bytes) -> bool:
     return False
 
 
-def _set_schema(path: Path, transform: Callable[[str], str]) -> str:
-    """Rewrite the events table's CREATE statement in the schema (writable_schema); return the old one."""
-    conn = apsw.Connection(str(path))
-    try:
-        (sql,), = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'events'").fetchall()
-        conn.execute("PRAGMA writable_schema=ON")
-        conn.execute("UPDATE sqlite_schema SET sql = ? WHERE name = 'events'", (transform(sql),))
-        conn.execute("PRAGMA writable_schema=OFF")
-    finally:
-        conn.close()  # the next connection reads the rewritten schema
-    return str(sql)
-
-
 def edit_store(path: Path, edits: Edits, *, rechain: bool, restore_triggers: bool = False) -> None:
     """Apply `edits` with plain apsw, triggers dropped; then re-chain every row that can be, if asked, and
     put the triggers back as the store made them, if asked (the schema is then the store's again)."""
     original = None
     if edits.unstrict is not None:
-        original = _set_schema(path, lambda sql: sql.replace(") STRICT", ")").replace(" NOT NULL", ""))
+        original = set_events_schema(path, lambda sql: sql.replace(") STRICT", ")").replace(" NOT NULL", ""))
     conn = apsw.Connection(str(path))
     try:
         conn.create_scalar_function("nul_in", lambda text, where: _with_nul(text, where), 2)
@@ -520,7 +507,7 @@ def edit_store(path: Path, edits: Edits, *, rechain: bool, restore_triggers: boo
     finally:
         conn.close()
     if edits.unstrict == "restored":
-        _set_schema(path, lambda _: original or "")
+        set_events_schema(path, lambda _: original or "")
 
 
 def _rechain(conn: apsw.Connection) -> None:
