@@ -28,8 +28,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from . import chain
 from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, HostLeaseRow, Row
@@ -97,6 +98,8 @@ class EventStore:
         self._local_commits = 0
         self._rollbacks = 0
         self._writing: int | None = None  # the thread that holds a write transaction open, while one does
+        self._pid = os.getpid()
+        _OPEN.add(self)
         # One connection serves every thread: a write transaction, a page of a read, holds it in turn, so
         # no thread reads another's uncommitted batch or starts a transaction inside it.
         self._lock = threading.RLock()
@@ -558,9 +561,27 @@ class EventStore:
         return sealed
 
     def close(self) -> None:
-        """Close the store; later calls fail."""
+        """Close the store; later calls fail. In a process forked from the one that opened it, the connection is
+        left to that one (closing it here would end a server session both share)."""
+        if self._pid != os.getpid():
+            return
         with self._lock:
             self._backend.close()
+
+    def _inherited(self) -> None:
+        """This process was forked from the one that opened the store: fence it, with locks of its own."""
+        # The connection is the parent's: SQLite's file locks are that process's and a server's session is one
+        # socket, so a write here could corrupt the file or the session; a lock a thread of the parent held at
+        # the fork would be held for ever here, so fresh ones let every call reach the fence instead.
+        self._fence = (f"the store {self.path!r} was opened in process {self._pid}, which this process was forked "
+                       "from, and a connection does not survive a fork: open the store again in this process")
+        self._lock = threading.RLock()
+        self._group = GroupCommit(self)
+        self._writing = None
+        # Kept, never closed or collected here: a connection finalized in this process would end the session a
+        # server shares with the parent. Every use of the backend now raises the fence.
+        _INHERITED.append(self._backend)
+        self._backend = cast("Backend", _Inherited(self._backend.path, self._fence))
 
     def snapshot_tag(self, stream: str, version: int, seq: int, event_hash: bytes, state: bytes) -> bytes:
         """The tag a snapshot of `stream` at `version`/`seq` (the event hashed `event_hash`) of `state` carries.
@@ -572,6 +593,32 @@ class EventStore:
         if self.key_id is not None and self._key is None:
             raise StoreKeyError("this keyed store was opened without its key: its snapshots cannot be proven")
         return chain.snapshot_tag(self.store_id, stream, version, seq, event_hash, state, self._key)
+
+
+# Every store open in this process: a child forked from it fences each one (`EventStore._inherited`).
+_OPEN: weakref.WeakSet[EventStore] = weakref.WeakSet()
+
+
+_INHERITED: list[Backend] = []
+
+
+class _Inherited:
+    """The backend of a store in a process forked from the one that opened it: every use raises its fence."""
+
+    def __init__(self, path: str, fence: str) -> None:
+        self.path = path
+        self._fence = fence
+
+    def __getattr__(self, name: str) -> Any:
+        raise StoreFencedError(self._fence)
+
+
+def _forked() -> None:
+    for store in list(_OPEN):
+        store._inherited()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _not_before(at: str, seq: int, head_at: object, *, stamped: bool) -> str:

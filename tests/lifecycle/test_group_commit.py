@@ -13,6 +13,7 @@ store has an id of its own, every column but the chain's links).
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import threading
@@ -540,3 +541,45 @@ def test_a_state_read_inside_a_batch_that_rolls_back_is_not_kept_by_the_handle(m
             b.settle_lease(lease_id="lease-x", lease_generation=1, result_digest=DIGEST)
         b.settle_lease(lease_id="lease-000100", lease_generation=1, result_digest=DIGEST)
     proved(made)
+
+
+def test_a_forked_child_finds_every_inherited_store_fenced_and_waits_for_no_lock_of_the_parent(
+        made: str, base_dir: Path) -> None:
+    with EventStore.open(made, now=FakeClock()) as store:
+        a, b = handle(store, base_dir, "runner-a"), handle(store, base_dir, "runner-b")
+        held = Held(store)  # a thread of the parent holds the writer and the store's lock as it forks
+        pid = os.fork()
+        if pid == 0:  # the child: each call must raise the fence at once, touching no connection and no lock
+            code = 1
+            try:
+                for call in (lambda: a.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy()),
+                             store.head, lambda: list(store.read()), lambda: store.backend.head()):
+                    try:
+                        call()
+                    except StoreFencedError as exc:
+                        assert "forked" in str(exc) and "open the store again" in str(exc)
+                    else:
+                        raise AssertionError(f"{call} was not fenced")
+                store.close()  # leaves the parent's connection alone
+                code = 0
+            finally:
+                os._exit(code)
+        status = wait_child(pid)
+        outcomes = held.release()
+        assert status == 0
+        assert outcomes["gate"] is None
+        # The parent goes on writing, on its connection, and the log proves whole.
+        b.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy())
+    proved(made)
+
+
+def wait_child(pid: int) -> int:
+    """The exit code of child `pid`, which is killed (and the test failed) when it has not exited in 30 s."""
+    for _ in range(300):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        threading.Event().wait(0.1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child hung")
