@@ -458,7 +458,8 @@ class EventStore:
         Change detection is the backend's data version (SQLite's ``PRAGMA data_version``, a server's head
         row: one cheap read per poll); the log is only read when it moved. Between polls it waits up to
         `poll_interval` (on a server, woken at once by an append's NOTIFY). Stops when `stop` is set, or
-        when the caller stops iterating.
+        when the caller stops iterating. A log cut back under the follower (its head found below a seq it
+        yielded: rows deleted, an older copy put back) raises IntegrityError at the first seq gone.
         """
         if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not (
                 0 < poll_interval <= 3600):
@@ -470,14 +471,20 @@ class EventStore:
     def _follow(self, last: int, poll_interval: float, stream: str | None,
                 stop: threading.Event | None) -> Iterator[RecordedEvent]:
         seen: tuple[int, int] | None = None
+        reached = 0  # the highest seq yielded: a head found below it is a log cut back under the follower
         while stop is None or not stop.is_set():
             with self._lock:
                 marker = (self._backend.data_version(), self._local_commits)
             if marker != seen:
                 seen = marker
                 for recorded in self.read(after=last, stream=stream):
-                    last = recorded.seq
+                    last = reached = recorded.seq
                     yield recorded
+                head = self.head().seq if reached else reached
+                if head < reached:
+                    raise IntegrityError(head + 1, f"the log's head went back from seq {reached} to {head} while it "
+                                                   "was followed: events were deleted, or the store was replaced by "
+                                                   "an older copy (audit it)")
                 continue
             self._backend.wait(poll_interval, stop)
 
