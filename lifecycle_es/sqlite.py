@@ -265,12 +265,7 @@ class SqliteBackend(ReadModelTables):
         if not rows:
             return
         conn = self.conn
-        if conn.getautocommit():
-            # The database ended the write transaction on an error its caller caught and went on from: an
-            # insert now would commit by itself, outside the transaction the caller believes it is in.
-            self.log_end.forget()
-            raise StoreIOError("append: the write transaction is no longer open (the database ended it on an earlier "
-                               "error), so nothing more is written in it: nothing of it was committed")
+        self.log_end.check_open("append", always=True)
         before = conn.total_changes()
         conn.executemany(_INSERT, rows)
         seq, digest = rows[-1][0], rows[-1][7]
@@ -412,6 +407,7 @@ class SqliteBackend(ReadModelTables):
 
     def put_host_lease(self, stream: str, holder: str, token: int, expires_ms: int) -> None:
         """Insert or replace the runner's host lease row (inside a write transaction)."""
+        self.log_end.check_open("write the host lease")
         before = self.conn.total_changes()
         self.conn.execute(
             "INSERT INTO host_leases (stream, holder, token, expires_ms) VALUES (?, ?, ?, ?)"
@@ -421,6 +417,7 @@ class SqliteBackend(ReadModelTables):
 
     def put_snapshot(self, stream: str, version: int, seq: int, state: bytes, event_hash: bytes) -> None:
         """Insert or replace a stream's snapshot (inside a write transaction)."""
+        self.log_end.check_open("write a snapshot")
         before = self.conn.total_changes()
         self.conn.execute(
             "INSERT INTO snapshots (stream, version, seq, state, event_hash) VALUES (?, ?, ?, ?, ?)"
@@ -444,6 +441,7 @@ class SqliteBackend(ReadModelTables):
 
     def clear_snapshots(self) -> None:
         """Delete every snapshot (inside a write transaction); they are a cache the log rebuilds."""
+        self.log_end.check_open("clear the snapshots")
         self.conn.execute("DELETE FROM snapshots")
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:

@@ -9,12 +9,15 @@ transaction, so the read models move with the log, exactly once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import apsw
 
 from .read_model import LEASE_COLUMNS, RUNNER_COLUMNS
 from .sqlite_errors import translated
+
+if TYPE_CHECKING:
+    from .sqlite_write import LogEnd
 
 READ_MODEL_TABLES = ("runners", "leases", "read_model_position")
 """The read models' tables, as the schema check allows them beside the store's own."""
@@ -57,6 +60,7 @@ class ReadModelTables:
     """The read-model statements of a backend holding one apsw connection (`SqliteBackend` is one)."""
 
     conn: apsw.Connection
+    log_end: LogEnd
 
     def read_model_tables(self) -> set[str]:
         """Which of the read models' tables the file holds."""
@@ -71,18 +75,21 @@ class ReadModelTables:
         `indexes`: False leaves the secondary indexes for `create_read_model_indexes`, once the tables
         are filled (SQLite builds an index over existing rows faster than it keeps it row by row).
         """
+        self.log_end.check_open("create the read models")
         with translated("create the read models"):
             for statement in TABLES + INDEXES if indexes else TABLES:
                 self.conn.execute(statement)
 
     def create_read_model_indexes(self) -> None:
         """Create the read models' secondary indexes where missing (inside a write transaction)."""
+        self.log_end.check_open("index the read models")
         with translated("index the read models"):
             for statement in INDEXES:
                 self.conn.execute(statement)
 
     def drop_read_models(self) -> None:
         """Drop the read models' tables (inside a write transaction): they are a cache the log rebuilds."""
+        self.log_end.check_open("drop the read models")
         with translated("drop the read models"):
             for table in ("leases", "runners", "read_model_position"):
                 self.conn.execute(f"DROP TABLE IF EXISTS {table}")
@@ -98,22 +105,26 @@ class ReadModelTables:
 
     def set_read_model_position(self, seq: int) -> None:
         """Record the last seq the read models applied (inside a write transaction)."""
+        self.log_end.check_open("record the read models' position")
         with translated("record the read models' position"):
             self.conn.execute("INSERT INTO read_model_position (name, seq) VALUES (?, ?)"
                               " ON CONFLICT (name) DO UPDATE SET seq = excluded.seq", (POSITION_NAME, seq))
 
     def upsert_runner_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """Insert or replace ``runners`` rows (inside a write transaction)."""
+        self.log_end.check_open("write runners rows")
         with translated("write runners rows"):
             self.conn.executemany(_UPSERT_RUNNER, rows)
 
     def upsert_lease_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """Insert or replace ``leases`` rows (inside a write transaction)."""
+        self.log_end.check_open("write leases rows")
         with translated("write leases rows"):
             self.conn.executemany(_UPSERT_LEASE, rows)
 
     def delete_lease_rows(self, keys: Sequence[tuple[str, str]]) -> None:
         """Delete ``leases`` rows by (runner id, lease id) (inside a write transaction)."""
+        self.log_end.check_open("delete leases rows")
         with translated("delete leases rows"):
             self.conn.executemany("DELETE FROM leases WHERE runner_id = ? AND lease_id = ?", keys)
 

@@ -63,6 +63,15 @@ class LogEnd:
         # (data version, total_changes) just after the commit that left the knowledge exact, or None.
         self.committed: tuple[int, int] | None = None
 
+    def check_open(self, action: str, *, always: bool = False) -> None:
+        """StoreIOError when a write transaction was begun and the database has ended it (on an error its caller
+        caught and went on from): a write now would commit by itself, outside the transaction the caller
+        believes it is in. `always`: whenever no transaction is open (a write that is never made outside one)."""
+        if (self.writing or always) and self.conn.getautocommit():
+            self.forget()
+            raise StoreIOError(f"{action}: the write transaction is no longer open (the database ended it on an "
+                               "earlier error), so nothing more is written in it: nothing of it was committed")
+
     def forget(self) -> None:
         """Drop everything known (a rollback, a failed write, a commit whose result is not known)."""
         self.changes = -1
