@@ -287,7 +287,12 @@ def _prove(store: EventStore, report: AuditReport, key: bytes | None, seal_path:
         walks = _walks(store, workers, key, head.seq, ranges, owned, position, snapshot_seqs, progress)
     streams, captured = _merge(report, walks, snapshots)
     if any(walked.problem is not None for walked in walks):
+        first = report.first_problem
+        if len(walks) > 1 and first is not None and first.seq is not None:
+            streams = _before(store, key, streams, report.events)
+        _count(report, streams)
         return  # what follows compares against a replay that did not finish
+    _count(report, streams)
     report.checks["chain"] = report.checks["rules"] = True
     for stream, (state, _, seq) in streams.items():
         if state.pending_park is not None:
@@ -319,22 +324,39 @@ def _merge(report: AuditReport, walks: list[Walked], snapshots: SnapshotCheck) -
     """Fold the walks' findings into the report; the runners at the end and as of the read models' seq."""
     streams: Streams = {}
     captured: Streams | None = None
-    # At one seq the chain's problem first, as a walk over every row finds it (it proves a page's chain before
-    # replaying it): the walker of another range may replay that row and find its rules broken too.
-    found = sorted({walked.problem for walked in walks if walked.problem is not None},  # a gap is every walker's
-                   key=lambda problem: (problem.seq is None, problem.seq or 0, problem.kind != "chain"))
-    for problem in found:
-        report.add(*problem)
+    # One walk over every row stops at its first problem: of the walkers' problems only the lowest is the log's
+    # (the others lie beyond it, or are the same row seen from another range: the walker that links its range to
+    # an edited hash, the one that replays an edited row of its runner). At one seq the chain's problem first, as
+    # one walk finds it (it proves a page's chain before replaying it).
+    found = min((walked.problem for walked in walks if walked.problem is not None), default=None,
+                key=lambda problem: (problem.seq is None, problem.seq or 0, problem.kind != "chain"))
+    if found is not None:
+        report.add(*found)
     for walked in walks:
         streams.update(walked.streams)
         if walked.captured is not None:
             captured = {**(captured or {}), **walked.captured}
         for row, state in walked.at_snapshots:
             snapshots.observe(RecordedEvent(*row), state)
-    first = min((walked.problem for walked in walks if walked.problem is not None and walked.problem.seq is not None),
-                key=lambda found: found.seq or 0, default=None)
-    report.events = first.seq - 1 if first is not None and first.seq is not None else min(
+    report.events = found.seq - 1 if found is not None and found.seq is not None else min(
         walked.rows for walked in walks)
+    return streams, captured
+
+
+def _before(store: EventStore, key: bytes | None, streams: Streams, events: int) -> Streams:
+    """The runners as one walk over every row leaves them when it stops after `events` rows: the walkers
+    replayed their own runners on past another walker's problem, so those runners are folded again here,
+    up to it (only on a failed pass, and only the runners some walker took beyond it)."""
+    beyond = {stream for stream, (_, _, seq) in streams.items() if seq > events}
+    if not beyond:
+        return streams
+    again = walk(store, key, head=events, chain_range=(1, 0), share=(0, 2), position=None, snapshot_seqs=(),
+                 owned={stream: 0 if stream in beyond else 1 for stream in streams})
+    return {**{stream: ends for stream, ends in streams.items() if stream not in beyond}, **again.streams}
+
+
+def _count(report: AuditReport, streams: Streams) -> None:
+    """The report's runners, their states and their leases' statuses, from the replayed `streams`."""
     states = dict.fromkeys(STATES, 0)
     leases = dict.fromkeys(LEASE_STATUSES, 0)
     for state, _, _ in streams.values():
@@ -342,7 +364,6 @@ def _merge(report: AuditReport, walks: list[Walked], snapshots: SnapshotCheck) -
         for lease in state.leases:
             leases[lease.status] = leases.get(lease.status, 0) + 1
     report.runners, report.states, report.leases = len(streams), states, leases
-    return streams, captured
 
 
 def _check_caches(store: EventStore, report: AuditReport, snapshots: SnapshotCheck, position: int | None,

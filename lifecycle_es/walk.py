@@ -172,7 +172,7 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
             try:
                 check.rows(chained)
                 if own is not None and end > last:
-                    check.finish(last)  # the range whole before any row beyond it is replayed
+                    _finish_range(store, check, last)  # the range whole before any row beyond it is replayed
             except (IntegrityError, TypeError, AttributeError) as exc:
                 refused = exc
                 # Seqs are the table's integer key, in order: the rows before the one refused.
@@ -221,7 +221,7 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
         if own is None:
             check.finish(head)
         else:
-            check.finish(last)
+            _finish_range(store, check, last)
             # Its own runners' rows were read to the head: none of them lies beyond the last one read.
             if captured is None and position is not None and position <= head:
                 captured = _ends(folds)
@@ -242,6 +242,16 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
         return Walked(Found(counted, None, "chain", f"a value of the row is not of the store's types ({exc})"),
                       _ends(folds), captured, at_snapshots, counted)
     return Walked(None, _ends(folds), captured, at_snapshots, max(through, check.expected - 1))
+
+
+def _finish_range(store: EventStore, check: ChainCheck, last: int) -> None:
+    """`check.finish(last)` for a walker that reads beyond its range only its own runners' rows: rows missing
+    at the range's end are named as one walk over every row names them, by the row found where the first was
+    due (whichever runner's it is)."""
+    if check.expected <= last:
+        for rows in store.backend.pages(after=check.expected - 1, stream=None, limit=1):
+            check.rows(rows[:1])
+    check.finish(last)
 
 
 def _own_streams(owned: Mapping[str, int] | None, part: int) -> list[str] | None:

@@ -54,13 +54,22 @@ def both(path: Path) -> tuple[AuditReport, AuditReport]:
     return one, two
 
 
+def whole(report: AuditReport) -> dict[str, object]:
+    """Everything the report says but how many processes said it."""
+    found = report.as_dict()
+    del found["jobs"]
+    return found
+
+
 def same_first_problem(path: Path, seq: int, kind: str) -> tuple[AuditReport, AuditReport]:
-    """Both reports, whose first problem must be at `seq` and of `kind`."""
+    """Both reports, whose first problem must be at `seq` and of `kind`, and which must say the same in every
+    other respect too (the problems, the checks, the runners' states and leases as of the seq before)."""
     one, two = both(path)
     assert one.first_problem is not None and two.first_problem is not None, (one.problems, two.problems)
     assert (one.first_problem.seq, one.first_problem.kind) == (seq, kind), one.problems
     assert (two.first_problem.seq, two.first_problem.kind) == (seq, kind), two.problems
     assert two.events == one.events == seq - 1
+    assert whole(two) == whole(one)
     return one, two
 
 
@@ -130,3 +139,19 @@ def test_an_event_of_one_walkers_runner_in_the_others_range_is_named_at_its_seq(
         rechain(path)
     one, two = same_first_problem(path, seq, "rules" if rechained else "chain")
     assert two.first_problem == one.first_problem and one.first_problem.stream == stream
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+@pytest.mark.parametrize("column", ["hash", "at"])
+def test_an_edit_at_a_ranges_end_is_one_problem_as_one_walk_finds(interleaved: Path, tmp_path: Path, where: str,
+                                                                  column: str) -> None:
+    # One walk stops at its first bad row. Split, the hash of the first range's last row is also the prev the
+    # second walker links its range to, and an at set back breaks the chain (its range's walker) and the rules
+    # (its runner's walker) alike: neither may add a second problem, nor mark the rules broken.
+    ranges, _ = shares(interleaved)
+    seq = ranges[0][1] if where == "last" else ranges[1][0]
+    path = copied(interleaved, tmp_path / "end.db")
+    value: object = bytes(32) if column == "hash" else "2025-01-01T00:00:00.000Z"
+    attack(path, (f"UPDATE events SET {column} = ? WHERE seq = ?", (value, seq)))
+    one, _ = same_first_problem(path, seq, "chain")
+    assert len(one.problems) == 1 and one.checks["rules"] is None, one.problems
