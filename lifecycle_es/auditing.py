@@ -44,7 +44,7 @@ from .files import text_path
 from .log import RecordedEvent
 from .runner import LEASE_STATUSES, STATES
 from .store import EventStore
-from .walk import Streams, Walked, counted, open_for_audit, owners, received, split, walk
+from .walk import Found, Streams, Walked, counted, open_for_audit, owners, received, split, walk
 from .workers import Workers
 
 if TYPE_CHECKING:
@@ -285,7 +285,7 @@ def _prove(store: EventStore, report: AuditReport, key: bytes | None, seal_path:
             return
         snapshots = SnapshotCheck(store)
         walks = _walks(store, workers, key, head.seq, ranges, owned, position, snapshot_seqs, progress)
-    streams, captured = _merge(report, walks, snapshots)
+    streams, captured = _merge(report, walks, ranges, snapshots)
     if any(walked.problem is not None for walked in walks):
         first = report.first_problem
         if len(walks) > 1 and first is not None and first.seq is not None:
@@ -320,16 +320,18 @@ def _walks(store: EventStore, workers: Workers, key: bytes | None, head: int, ra
     return [here, *(received(result) for result in workers.results())]
 
 
-def _merge(report: AuditReport, walks: list[Walked], snapshots: SnapshotCheck) -> tuple[Streams, Streams | None]:
+def _merge(report: AuditReport, walks: list[Walked], ranges: list[tuple[int, int]],
+           snapshots: SnapshotCheck) -> tuple[Streams, Streams | None]:
     """Fold the walks' findings into the report; the runners at the end and as of the read models' seq."""
     streams: Streams = {}
     captured: Streams | None = None
     # One walk over every row stops at its first problem: of the walkers' problems only the lowest is the log's
     # (the others lie beyond it, or are the same row seen from another range: the walker that links its range to
     # an edited hash, the one that replays an edited row of its runner). At one seq the chain's problem first, as
-    # one walk finds it (it proves a page's chain before replaying it).
-    found = min((walked.problem for walked in walks if walked.problem is not None), default=None,
-                key=lambda problem: (problem.seq is None, problem.seq or 0, problem.kind != "chain"))
+    # one walk finds it (it proves a page's chain before replaying it), and of those the one of the walker whose
+    # range holds the seq (another met the row only as one it could not place: a runner name that is not text).
+    found = min(((walked.problem, part) for part, walked in enumerate(walks) if walked.problem is not None),
+                key=lambda found: _order(found[0], found[1], ranges), default=(None, 0))[0]
     if found is not None:
         report.add(*found)
     for walked in walks:
@@ -341,6 +343,13 @@ def _merge(report: AuditReport, walks: list[Walked], snapshots: SnapshotCheck) -
     report.events = found.seq - 1 if found is not None and found.seq is not None else min(
         walked.rows for walked in walks)
     return streams, captured
+
+
+def _order(problem: Found, part: int, ranges: list[tuple[int, int]]) -> tuple[bool, int, bool, bool]:
+    """Where the problem walker `part` found stands among the walkers' (see `_merge`): the first is the log's."""
+    seq = problem.seq or 0
+    ours = part < len(ranges) and ranges[part][0] <= seq <= ranges[part][1]
+    return (problem.seq is None, seq, problem.kind != "chain", not ours)
 
 
 def _before(store: EventStore, key: bytes | None, streams: Streams, events: int) -> Streams:

@@ -98,9 +98,14 @@ def counted(store: EventStore) -> dict[str, int]:
         streams = store.streams()
         if len(streams) > MAX_COUNTED_STREAMS:
             return {}
-        return {stream: store.backend.stream_version(stream) for stream in streams}
+        counts = {stream: store.backend.stream_version(stream) for stream in streams}
     except (LifecycleError, TypeError, ValueError):  # text that does not decode: the walk names its seq
         return {}
+    # A name or a last version of another type (smuggled past STRICT: text sorts after every number) cannot be
+    # counted or ordered; the walk names its seq.
+    if not all(type(stream) is str and type(count) is int for stream, count in counts.items()):
+        return {}
+    return counts
 
 
 def split(head: int, jobs: int, min_range: int = MIN_RANGE_EVENTS) -> list[tuple[int, int]]:
