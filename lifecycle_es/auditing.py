@@ -263,8 +263,8 @@ def _prove(store: EventStore, report: AuditReport, key: bytes | None, seal_path:
     owned = counted(store) if report.jobs > 1 else {}
     owned = owners(owned, report.jobs) if owned else {}
     # The other parts' workers start first and work while this process checks the schema and walks part 0.
-    calls = [(reopen, key, head.seq, first, last, part, len(ranges), position, snapshot_seqs, owned)
-             for part, (first, last) in enumerate(ranges)][1:]
+    calls = [(reopen, key, head.seq, first, last, part, len(ranges), position, snapshot_seqs, owned,
+              store.backend.identity) for part, (first, last) in enumerate(ranges)][1:]
     tell = (lambda rows: progress(rows, head.seq)) if progress is not None else None
     with Workers("lifecycle_es.walk:walk_share", calls, progress=tell) as workers:
         workers.begin()

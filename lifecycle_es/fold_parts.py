@@ -27,7 +27,8 @@ def fold_in_parts(store: EventStore, *, head: int, jobs: int,
     slowest walker got through."""
     owned = owners(counted(store), jobs)
     # An empty chain range (1, 0): no seq to check, so each walker reads only its own runners' rows.
-    calls = [(store.path, store._key, head, 1, 0, part, jobs, None, (), owned) for part in range(1, jobs)]
+    calls = [(store.path, store._key, head, 1, 0, part, jobs, None, (), owned, store.backend.identity)
+             for part in range(1, jobs)]
     with Workers("lifecycle_es.walk:walk_share", calls, progress=progress) as workers:
         workers.begin()
         tell = (lambda rows: progress(min(rows, workers.poll()))) if progress is not None else None

@@ -329,13 +329,20 @@ def received(result: Sent) -> Walked:
 
 def walk_share(path: str, key: bytes | None, head: int, first: int, last: int, part: int, parts: int,
                position: int | None, snapshot_seqs: Collection[int],
-               owned: Mapping[str, int] | None = None) -> Sent:
+               owned: Mapping[str, int] | None = None, identity: tuple[int, int] | None = None) -> Sent:
     """One worker's walk (run by ``lifecycle_es.workers``): the chain over ``[first, last]``, the rules over
-    runner share `part` of `parts` (see `walk`), sent back as `sent` makes it (`received` reads it)."""
+    runner share `part` of `parts` (see `walk`), sent back as `sent` makes it (`received` reads it).
+    `identity`: the store's as the process that started the worker opened it (`Backend.identity`): a file
+    found at `path` that is not that one (replaced since) is not walked."""
     try:
         store = open_for_audit(path, key)
     except (LifecycleError, OSError) as exc:
         return sent(Walked(Found(None, None, "read", f"a worker could not open the store: {exc}"), {}, None, [], 0))
+    if identity is not None and tuple(store.backend.identity) != tuple(identity):
+        store.close()
+        return sent(Walked(Found(None, None, "read", f"a worker found another store at {path!r} than the one "
+                                                     "opened: it was replaced since, and is not walked"),
+                           {}, None, [], 0))
     try:
         with store.backend.read_tx("audit a share of the log"):
             return sent(walk(store, key, head=head, chain_range=(first, last), share=(part, parts),

@@ -9,6 +9,7 @@ each walker's runners have events in the other walker's range.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import apsw
@@ -194,3 +195,19 @@ def test_a_value_smuggled_past_strict_is_named_as_one_walk_names_it(interleaved:
     path = copied(interleaved, tmp_path / "smuggled.db")
     smuggled(path, column, value, seq)
     same_first_problem(path, seq, "chain")
+
+
+def test_a_worker_never_walks_a_file_put_in_place_of_the_one_opened(interleaved: Path, tmp_path: Path) -> None:
+    # The workers open the store by its path: a clean copy renamed over an edited file once the audit's caller
+    # opened it must not stand in for the edited rows of the workers' ranges.
+    ranges, _ = shares(interleaved)
+    seq = (ranges[1][0] + ranges[1][1]) // 2
+    path = copied(interleaved, tmp_path / "edited.db")
+    attack(path, ("UPDATE events SET hash = ? WHERE seq = ?", (bytes(32), seq)))
+    clean = copied(interleaved, tmp_path / "clean.db")
+    with EventStore.open(path, read_only=True) as store:
+        os.replace(clean, path)
+        one, two = audit(store), audit(store, jobs=2)
+    assert one.first_problem is not None and one.first_problem.seq == seq, one.problems
+    assert not two.ok and two.first_problem is not None, two.problems
+    assert "another store" in two.first_problem.reason and "replaced" in two.first_problem.reason

@@ -5,15 +5,17 @@ log the rules refuse fails at the same seq and changes nothing; bad `jobs` is re
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fleets import attack, build_long, copy_store, rechain, run
 
-from lifecycle_es import EventStore, audit
-from lifecycle_es.errors import IntegrityError, InvalidInputError
+from lifecycle_es import EventStore, audit, fold_parts
+from lifecycle_es.errors import IntegrityError, InvalidInputError, LifecycleError
 from lifecycle_es.walk import counted, owners, split
+from lifecycle_es.workers import Workers
 from projections import rebuild
 
 
@@ -108,3 +110,23 @@ def test_the_command_shares_its_replay_and_refuses_a_bad_count(long_log: Path, t
     one = rebuilt(str(copied(long_log, tmp_path / "one.db")), 1)
     with EventStore.open(path, read_only=True) as store:
         assert caches(store) == one[1]
+
+
+def test_a_file_put_in_place_of_the_one_opened_is_not_folded_into_its_caches(long_log: Path, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # The workers open the store by its path: another store renamed over it once the rebuild's transaction began
+    # (before that, the store fences itself) must not give the opened store's caches its runners.
+    path = copied(long_log, tmp_path / "opened.db")
+    other = tmp_path / "other.db"
+    build_long(other, chunk=250)
+
+    def replaced_first(*args: Any, **kwargs: Any) -> Workers:
+        os.replace(other, path)
+        return Workers(*args, **kwargs)
+
+    monkeypatch.setattr(fold_parts, "Workers", replaced_first)
+    with EventStore.open(path) as store:
+        before = caches(store)
+        with pytest.raises(LifecycleError, match="another store"):
+            rebuild(store, jobs=2)
+        assert caches(store) == before
