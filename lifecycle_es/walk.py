@@ -42,6 +42,8 @@ _SEQ = itemgetter(0)
 Streams = dict[str, tuple[RunnerState, int, int]]
 # A walker of fewer events than this costs more as a process than it saves; shorter logs are walked inline.
 MIN_RANGE_EVENTS = 10_000
+# The most processes a pass may be shared by: a count beyond any machine's CPUs is a mistake, not a plan.
+MAX_JOBS = 256
 BUSY_TIMEOUT_MS = 5000
 # What a worker process's start-up (an interpreter and the package's imports, ~0.15 s of CPU) costs beyond what
 # the auditing process does meanwhile (the schema, the snapshots' tags), in events replayed: the auditing

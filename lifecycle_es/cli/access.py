@@ -217,8 +217,9 @@ def default_seal(path: str, seal: str | None) -> str | None:
     return seal
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least `minimum` (0 for a seq, 1 for a count of workers)."""
+def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (0 for a seq, 1 for a count of workers), and at most
+    `maximum` when given."""
 
     def parse(text: str) -> int:
         try:
@@ -227,6 +228,8 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value} is not at least {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{value} is more than {maximum}")
         return value
 
     return parse

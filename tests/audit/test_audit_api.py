@@ -154,8 +154,8 @@ def test_a_keyed_store_needs_its_key_and_a_key_for_an_unkeyed_one_is_a_problem(k
     assert "downgrade" in report.problems[0].reason
 
 
-@pytest.mark.parametrize(("option", "value"), [("jobs", 0), ("jobs", True), ("jobs", "2"), ("key", b"short"),
-                                               ("progress", "bar"), ("seal", "\udcff.seal")])
+@pytest.mark.parametrize(("option", "value"), [("jobs", 0), ("jobs", True), ("jobs", "2"), ("jobs", 10**9),
+                                               ("key", b"short"), ("progress", "bar"), ("seal", "\udcff.seal")])
 def test_bad_arguments_are_invalid_input_naming_the_field(fleet: Log, option: str, value: object) -> None:
     with pytest.raises(InvalidInputError) as raised:
         audit(fleet.target, **{option: value})  # type: ignore[arg-type]

@@ -436,10 +436,12 @@ def test_worker_processes_replay_the_rules_too(long_log: Path, tmp_path: Path) -
 def test_usage_errors_exit_64_and_missing_files_66(fleet_log: FleetLog, tmp_path: Path) -> None:
     path = fleet_log[0]
     for args in ((), ("audit",), ("audit", path, "--jobs", "0"), ("audit", path, "--jobs", "two"),
-                 ("audit", path, "--bogus"), ("nonsense", path)):
+                 ("audit", path, "--jobs", "-1"), ("audit", path, "--jobs", str(10**9)), ("audit", path, "--bogus"),
+                 ("nonsense", path)):
         done = run(*args)
         assert done.returncode == 64, (args, done.stderr)
         assert "Traceback" not in done.stderr and "error:" in done.stderr
+        assert "--jobs" not in args or "argument --jobs" in done.stderr, done.stderr
     done = run("audit", tmp_path / "absent.db")
     assert done.returncode == 66 and "does not exist" in one_error_line(done)
     code, report = audit_json(path, "--seal", str(tmp_path / "absent.seal"))

@@ -90,7 +90,7 @@ def test_a_log_the_rules_refuse_fails_at_the_same_seq_and_changes_nothing(long_l
     assert found == [(row.seq, row.stream)] * 2
 
 
-@pytest.mark.parametrize("jobs", [0, -1, True, 2.0, "2", None])
+@pytest.mark.parametrize("jobs", [0, -1, True, 2.0, "2", None, 10**9])
 def test_bad_jobs_are_refused_before_anything_is_written(long_log: Path, tmp_path: Path, jobs: object) -> None:
     path = copied(long_log, tmp_path / "bad.db")
     before = path.read_bytes()
@@ -104,6 +104,8 @@ def test_the_command_shares_its_replay_and_refuses_a_bad_count(long_log: Path, t
     before = path.read_bytes()
     refused = run("rebuild", path, "--jobs", "0")
     assert refused.returncode == 64 and "argument --jobs: 0 is not at least 1" in refused.stderr
+    refused = run("rebuild", path, "--jobs", str(10**9))
+    assert refused.returncode == 64 and f"argument --jobs: {10**9} is more than 256" in refused.stderr
     assert path.read_bytes() == before
     done = run("rebuild", path, "--jobs", "2")
     assert done.returncode == 0 and "from 20,500 events: 10 runners" in done.stdout, done.stderr
