@@ -205,6 +205,28 @@ def attack(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
         conn.close()
 
 
+def smuggled(path: Path, column: str, value: object, seq: int) -> None:
+    """Set `column` of the row at `seq` to a value STRICT refuses, as an attacker does: the table's schema
+    rewritten without STRICT and NOT NULL for the edit, then put back over the value."""
+    conn = apsw.Connection(str(path))
+    try:
+        (sql,), = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'events'").fetchall()
+        conn.execute("PRAGMA writable_schema=ON")
+        conn.execute("UPDATE sqlite_schema SET sql = ? WHERE name = 'events'",
+                     (sql.replace(") STRICT", ")").replace(" NOT NULL", ""),))
+    finally:
+        conn.close()
+    conn = apsw.Connection(str(path))
+    try:
+        conn.execute("DROP TRIGGER events_no_update")
+        conn.execute(f"UPDATE events SET {column} = ? WHERE seq = ?", (value, seq))
+        conn.execute(TRIGGERS[0])
+        conn.execute("PRAGMA writable_schema=ON")
+        conn.execute("UPDATE sqlite_schema SET sql = ? WHERE name = 'events'", (sql,))
+    finally:
+        conn.close()
+
+
 def edit_caches(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
     """Edit the caches (snapshots, read models) as anyone with write access can: plain apsw, nothing else touched.
 

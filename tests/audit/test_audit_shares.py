@@ -14,7 +14,7 @@ from pathlib import Path
 
 import apsw
 import pytest
-from fleets import TRIGGERS, attack, copy_store, rechain
+from fleets import attack, copy_store, rechain, smuggled
 
 from lifecycle_es import AuditReport, EventStore, audit
 from lifecycle_es.walk import counted, open_for_audit, owners, split
@@ -156,28 +156,6 @@ def test_an_edit_at_a_ranges_end_is_one_problem_as_one_walk_finds(interleaved: P
     attack(path, (f"UPDATE events SET {column} = ? WHERE seq = ?", (value, seq)))
     one, _ = same_first_problem(path, seq, "chain")
     assert len(one.problems) == 1 and one.checks["rules"] is None, one.problems
-
-
-def smuggled(path: Path, column: str, value: object, seq: int) -> None:
-    """Set `column` of the row at `seq` to a value STRICT refuses, as an attacker does: the table's schema
-    rewritten without STRICT and NOT NULL for the edit, then put back over the value."""
-    conn = apsw.Connection(str(path))
-    try:
-        (sql,), = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'events'").fetchall()
-        conn.execute("PRAGMA writable_schema=ON")
-        conn.execute("UPDATE sqlite_schema SET sql = ? WHERE name = 'events'",
-                     (sql.replace(") STRICT", ")").replace(" NOT NULL", ""),))
-    finally:
-        conn.close()
-    conn = apsw.Connection(str(path))
-    try:
-        conn.execute("DROP TRIGGER events_no_update")
-        conn.execute(f"UPDATE events SET {column} = ? WHERE seq = ?", (value, seq))
-        conn.execute(TRIGGERS[0])
-        conn.execute("PRAGMA writable_schema=ON")
-        conn.execute("UPDATE sqlite_schema SET sql = ? WHERE name = 'events'", (sql,))
-    finally:
-        conn.close()
 
 
 @pytest.mark.parametrize(("column", "value"), [("version", "x"), ("version", b"x"), ("stream", None),

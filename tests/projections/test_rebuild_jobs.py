@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleets import attack, build_long, copy_store, rechain, run
+from fleets import attack, build_long, copy_store, rechain, run, smuggled
 
 from lifecycle_es import EventStore, audit, fold_parts
 from lifecycle_es.errors import IntegrityError, InvalidInputError, LifecycleError
@@ -132,3 +132,45 @@ def test_a_file_put_in_place_of_the_one_opened_is_not_folded_into_its_caches(lon
         with pytest.raises(LifecycleError, match="another store"):
             rebuild(store, jobs=2)
         assert caches(store) == before
+
+
+def refused_or_written(path: Path, jobs: int) -> tuple[Any, ...]:
+    """What `rebuild(jobs=jobs)` does to the store at `path`: the caches it wrote, or the error it raised and
+    whether the file was left byte for byte as it was."""
+    before = path.read_bytes()
+    with EventStore.open(path) as store:
+        try:
+            report = rebuild(store, jobs=jobs)
+        except LifecycleError as exc:
+            refused = (type(exc).__name__, getattr(exc, "seq", None), getattr(exc, "stream", None), str(exc))
+        else:
+            return ("rebuilt", report.events, report.runners, report.snapshots, caches(store))
+    return (*refused, path.read_bytes() == before)
+
+
+@pytest.mark.parametrize("edit", ["gap", "version", "version-text", "seq-0", "stream-renamed", "stream-null"])
+def test_a_log_one_process_rebuilds_or_refuses_is_rebuilt_or_refused_alike(long_log: Path, tmp_path: Path,
+                                                                           edit: str) -> None:
+    # A rebuild replays the rules alone (one process folds as `fold_log` does: no seq or version checked; the
+    # audit proves those): its workers must neither refuse more, nor refuse otherwise, nor place a runner
+    # name that is not text anywhere but where one process does.
+    with EventStore.open(long_log, read_only=True) as store:
+        seq = store.head().seq * 3 // 4
+    found = []
+    for jobs in (1, 2):
+        path = copied(long_log, tmp_path / f"edited-{jobs}.db")
+        if edit == "gap":
+            attack(path, ("DELETE FROM events WHERE seq = ?", (seq,)))
+        elif edit == "version":
+            attack(path, ("UPDATE events SET version = version + 100000 WHERE seq = ?", (seq,)))
+        elif edit == "version-text":
+            smuggled(path, "version", "x", seq)
+        elif edit == "seq-0":
+            attack(path, ("UPDATE events SET seq = 0 WHERE seq = ?", (seq,)))
+        elif edit == "stream-renamed":
+            attack(path, ("UPDATE events SET stream = 'runner-x' WHERE seq = ?", (seq,)))
+        else:
+            smuggled(path, "stream", None, seq)
+        found.append(refused_or_written(path, jobs))
+    assert found[1] == found[0]
+    assert found[0][0] == "rebuilt" or found[0][-1], found[0]  # refused: the file as it was
