@@ -44,7 +44,7 @@ from .files import text_path
 from .log import RecordedEvent
 from .runner import LEASE_STATUSES, STATES
 from .store import EventStore
-from .walk import MAX_JOBS, Found, Streams, Walked, counted, open_for_audit, owners, received, split, walk
+from .walk import MAX_JOBS, Found, Streams, Walked, counted, open_for_audit, owners, received, reopened, split, walk
 from .workers import Workers
 
 if TYPE_CHECKING:
@@ -240,7 +240,7 @@ def _audit(store: EventStore, key: bytes | None, seal_path: str | None, jobs: in
         raise StoreKeyError("the store is keyed: its hashes are MACs, so auditing it needs its key")
     report = AuditReport(path=store.path, keyed=store.keyed)
     with store.backend.read_tx("audit"):
-        _prove(store, report, key, seal_path, jobs, progress, reopen or store.path)
+        _prove(store, report, key, seal_path, jobs, progress, reopen or reopened(store))
         if signed is not None:
             check_checkpoints(store, report, *signed)
         elif os.path.lexists(store.path + ".checkpoints"):

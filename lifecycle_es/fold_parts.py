@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from .errors import IntegrityError
 from .store import EventStore
-from .walk import Streams, counted, owners, received, walk
+from .walk import Streams, counted, owners, received, reopened, walk
 from .workers import WorkerError, Workers
 
 
@@ -28,7 +28,7 @@ def fold_in_parts(store: EventStore, *, head: int, jobs: int,
     slowest walker got through."""
     owned = owners(counted(store), jobs)
     # An empty chain range (1, 0): no seq to check, so each walker reads only its own runners' rows.
-    calls = [(store.path, store._key, head, 1, 0, part, jobs, None, (), owned, store.backend.identity, False)
+    calls = [(reopened(store), store._key, head, 1, 0, part, jobs, None, (), owned, store.backend.identity, False)
              for part in range(1, jobs)]
     with Workers("lifecycle_es.walk:walk_share", calls, progress=progress) as workers:
         workers.begin()

@@ -29,7 +29,7 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from .backend import Row
-from .backends import open_backend
+from .backends import ServerTarget, open_backend, target_url
 from .errors import IntegrityError, LifecycleError
 from .replay import Fold
 from .state import RunnerState, decode_state, encode_state
@@ -293,6 +293,13 @@ def open_for_audit(path: str, key: bytes | None) -> EventStore:
     except BaseException:
         backend.close()
         raise
+
+
+def reopened(store: EventStore) -> str:
+    """Where a worker opens `store` again: its file, or its server's URL with the password its `path` masks
+    (the worker is sent it on its stdin, never in its argv or environment)."""
+    target = getattr(store.backend, "target", None)
+    return target_url(target) if isinstance(target, ServerTarget) else store.path
 
 
 # A worker's walk as it travels back: each state as its snapshot bytes (several times cheaper to make and

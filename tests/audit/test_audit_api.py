@@ -298,6 +298,19 @@ def test_jobs_open_a_server_store_by_a_url_with_a_password_never_in_argv(backend
         assert password not in str(report.as_dict())
 
 
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_jobs_reopen_a_server_store_opened_by_a_url_with_a_password(backend: Server, long: str) -> None:
+    # The store opened first, then audited with workers (as rebuild(store, jobs=) always is). The store's path
+    # has the password masked; the workers must still reach the server as the caller did.
+    schema = server_target(long).schema
+    with password_role(backend, schema) as (role, password):
+        url = f"postgresql://{role}:{password}@/postgres?host={backend.directory}&schema={schema}"
+        with EventStore.open(url, read_only=True) as store:
+            report = audit(store, jobs=2)
+        assert report.ok and report.jobs == 2, report.problems
+        assert password not in str(report.as_dict())
+
+
 def test_the_report_is_plain_json_values(fleet: Log) -> None:
     import json
 
