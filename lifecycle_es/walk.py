@@ -31,7 +31,7 @@ from typing import NamedTuple
 from .backend import Row
 from .backends import ServerTarget, open_backend, target_url
 from .errors import IntegrityError, LifecycleError
-from .replay import Fold
+from .replay import Fold, unforeseen
 from .state import RunnerState, decode_state, encode_state
 from .store import EventStore
 from .verify import ChainCheck
@@ -214,7 +214,7 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
                     except IntegrityError:
                         raise
                     except Exception as exc:  # a hostile body the rules did not foresee must not escape as a crash
-                        raise _unforeseen(row, exc) from None
+                        raise unforeseen(row, exc) from None
                     if snapshot_seqs and row[0] in snapshot_seqs:
                         state = folding.state()
                         assert state is not None
@@ -278,11 +278,6 @@ def _counted(check: ChainCheck, kind: str, row: Row | None, through: int) -> int
     """How far a walk had got when it stopped: up to the row it was replaying, else as far as its chain check
     or its pages got."""
     return row[0] if kind == "rules" and row is not None else max(through, check.expected - 1)
-
-
-def _unforeseen(row: Row, exc: Exception) -> IntegrityError:
-    """The IntegrityError of a row whose replay raised what no rule foresaw."""
-    return IntegrityError(row[0], f"{row[3]} could not be replayed: {type(exc).__name__}: {exc}", stream=row[1])
 
 
 def open_for_audit(path: str, key: bytes | None) -> EventStore:

@@ -148,7 +148,8 @@ def refused_or_written(path: Path, jobs: int) -> tuple[Any, ...]:
     return (*refused, path.read_bytes() == before)
 
 
-@pytest.mark.parametrize("edit", ["gap", "version", "version-text", "seq-0", "stream-renamed", "stream-null"])
+@pytest.mark.parametrize("edit", ["gap", "version", "version-text", "seq-0", "stream-renamed", "stream-null",
+                                  "at-null"])
 def test_a_log_one_process_rebuilds_or_refuses_is_rebuilt_or_refused_alike(long_log: Path, tmp_path: Path,
                                                                            edit: str) -> None:
     # A rebuild replays the rules alone (one process folds as `fold_log` does: no seq or version checked; the
@@ -165,6 +166,8 @@ def test_a_log_one_process_rebuilds_or_refuses_is_rebuilt_or_refused_alike(long_
             attack(path, ("UPDATE events SET version = version + 100000 WHERE seq = ?", (seq,)))
         elif edit == "version-text":
             smuggled(path, "version", "x", seq)
+        elif edit == "at-null":
+            smuggled(path, "at", None, seq)
         elif edit == "seq-0":
             attack(path, ("UPDATE events SET seq = 0 WHERE seq = ?", (seq,)))
         elif edit == "stream-renamed":
