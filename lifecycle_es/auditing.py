@@ -44,7 +44,7 @@ from .files import text_path
 from .log import RecordedEvent
 from .runner import LEASE_STATUSES, STATES
 from .store import EventStore
-from .walk import Streams, Walked, counted, open_for_audit, owners, received, split, walk
+from .walk import MAX_JOBS, Found, Streams, Walked, counted, open_for_audit, owners, received, reopened, split, walk
 from .workers import Workers
 
 if TYPE_CHECKING:
@@ -176,8 +176,9 @@ def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = No
     must verify with one of them, and the log must still hold the head it signed. Without `trust` a
     checkpoint file is not read (a warning says so when one lies beside the store).
     """
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise InvalidInputError("jobs", f"jobs is invalid: {jobs!r} is not a count of worker processes (>= 1)")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
+        raise InvalidInputError("jobs", f"jobs is invalid: {jobs!r} is not a count of worker processes "
+                                        f"(1..{MAX_JOBS})")
     if progress is not None and not callable(progress):
         raise InvalidInputError("progress", "progress must be a callable taking (done, total), or None")
     if key is not None and (not isinstance(key, bytes | bytearray) or len(key) != 32):
@@ -239,7 +240,7 @@ def _audit(store: EventStore, key: bytes | None, seal_path: str | None, jobs: in
         raise StoreKeyError("the store is keyed: its hashes are MACs, so auditing it needs its key")
     report = AuditReport(path=store.path, keyed=store.keyed)
     with store.backend.read_tx("audit"):
-        _prove(store, report, key, seal_path, jobs, progress, reopen or store.path)
+        _prove(store, report, key, seal_path, jobs, progress, reopen or reopened(store))
         if signed is not None:
             check_checkpoints(store, report, *signed)
         elif os.path.lexists(store.path + ".checkpoints"):
@@ -263,8 +264,8 @@ def _prove(store: EventStore, report: AuditReport, key: bytes | None, seal_path:
     owned = counted(store) if report.jobs > 1 else {}
     owned = owners(owned, report.jobs) if owned else {}
     # The other parts' workers start first and work while this process checks the schema and walks part 0.
-    calls = [(reopen, key, head.seq, first, last, part, len(ranges), position, snapshot_seqs, owned)
-             for part, (first, last) in enumerate(ranges)][1:]
+    calls = [(reopen, key, head.seq, first, last, part, len(ranges), position, snapshot_seqs, owned,
+              store.backend.identity) for part, (first, last) in enumerate(ranges)][1:]
     tell = (lambda rows: progress(rows, head.seq)) if progress is not None else None
     with Workers("lifecycle_es.walk:walk_share", calls, progress=tell) as workers:
         workers.begin()
@@ -285,9 +286,14 @@ def _prove(store: EventStore, report: AuditReport, key: bytes | None, seal_path:
             return
         snapshots = SnapshotCheck(store)
         walks = _walks(store, workers, key, head.seq, ranges, owned, position, snapshot_seqs, progress)
-    streams, captured = _merge(report, walks, snapshots)
+    streams, captured = _merge(report, walks, ranges, snapshots)
     if any(walked.problem is not None for walked in walks):
+        first = report.first_problem
+        if len(walks) > 1 and first is not None and first.seq is not None:
+            streams = _before(store, key, streams, report.events)
+        _count(report, streams)
         return  # what follows compares against a replay that did not finish
+    _count(report, streams)
     report.checks["chain"] = report.checks["rules"] = True
     for stream, (state, _, seq) in streams.items():
         if state.pending_park is not None:
@@ -315,26 +321,52 @@ def _walks(store: EventStore, workers: Workers, key: bytes | None, head: int, ra
     return [here, *(received(result) for result in workers.results())]
 
 
-def _merge(report: AuditReport, walks: list[Walked], snapshots: SnapshotCheck) -> tuple[Streams, Streams | None]:
+def _merge(report: AuditReport, walks: list[Walked], ranges: list[tuple[int, int]],
+           snapshots: SnapshotCheck) -> tuple[Streams, Streams | None]:
     """Fold the walks' findings into the report; the runners at the end and as of the read models' seq."""
     streams: Streams = {}
     captured: Streams | None = None
-    # At one seq the chain's problem first, as a walk over every row finds it (it proves a page's chain before
-    # replaying it): the walker of another range may replay that row and find its rules broken too.
-    found = sorted({walked.problem for walked in walks if walked.problem is not None},  # a gap is every walker's
-                   key=lambda problem: (problem.seq is None, problem.seq or 0, problem.kind != "chain"))
-    for problem in found:
-        report.add(*problem)
+    # One walk over every row stops at its first problem: of the walkers' problems only the lowest is the log's
+    # (the others lie beyond it, or are the same row seen from another range: the walker that links its range to
+    # an edited hash, the one that replays an edited row of its runner). At one seq the chain's problem first, as
+    # one walk finds it (it proves a page's chain before replaying it), and of those the one of the walker whose
+    # range holds the seq (another met the row only as one it could not place: a runner name that is not text).
+    found = min(((walked.problem, part) for part, walked in enumerate(walks) if walked.problem is not None),
+                key=lambda found: _order(found[0], found[1], ranges), default=(None, 0))[0]
+    if found is not None:
+        report.add(*found)
     for walked in walks:
         streams.update(walked.streams)
         if walked.captured is not None:
             captured = {**(captured or {}), **walked.captured}
         for row, state in walked.at_snapshots:
             snapshots.observe(RecordedEvent(*row), state)
-    first = min((walked.problem for walked in walks if walked.problem is not None and walked.problem.seq is not None),
-                key=lambda found: found.seq or 0, default=None)
-    report.events = first.seq - 1 if first is not None and first.seq is not None else min(
+    report.events = found.seq - 1 if found is not None and found.seq is not None else min(
         walked.rows for walked in walks)
+    return streams, captured
+
+
+def _order(problem: Found, part: int, ranges: list[tuple[int, int]]) -> tuple[bool, int, bool, bool]:
+    """Where the problem walker `part` found stands among the walkers' (see `_merge`): the first is the log's."""
+    seq = problem.seq or 0
+    ours = part < len(ranges) and ranges[part][0] <= seq <= ranges[part][1]
+    return (problem.seq is None, seq, problem.kind != "chain", not ours)
+
+
+def _before(store: EventStore, key: bytes | None, streams: Streams, events: int) -> Streams:
+    """The runners as one walk over every row leaves them when it stops after `events` rows: the walkers
+    replayed their own runners on past another walker's problem, so those runners are folded again here,
+    up to it (only on a failed pass, and only the runners some walker took beyond it)."""
+    beyond = {stream for stream, (_, _, seq) in streams.items() if seq > events}
+    if not beyond:
+        return streams
+    again = walk(store, key, head=events, chain_range=(1, 0), share=(0, 2), position=None, snapshot_seqs=(),
+                 owned={stream: 0 if stream in beyond else 1 for stream in streams})
+    return {**{stream: ends for stream, ends in streams.items() if stream not in beyond}, **again.streams}
+
+
+def _count(report: AuditReport, streams: Streams) -> None:
+    """The report's runners, their states and their leases' statuses, from the replayed `streams`."""
     states = dict.fromkeys(STATES, 0)
     leases = dict.fromkeys(LEASE_STATUSES, 0)
     for state, _, _ in streams.values():
@@ -342,7 +374,6 @@ def _merge(report: AuditReport, walks: list[Walked], snapshots: SnapshotCheck) -
         for lease in state.leases:
             leases[lease.status] = leases.get(lease.status, 0) + 1
     report.runners, report.states, report.leases = len(streams), states, leases
-    return streams, captured
 
 
 def _check_caches(store: EventStore, report: AuditReport, snapshots: SnapshotCheck, position: int | None,

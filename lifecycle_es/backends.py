@@ -76,6 +76,13 @@ def server_target(url: str) -> ServerTarget:
     return ServerTarget(conninfo, schema, notify, mask_password(url))
 
 
+def target_url(target: ServerTarget) -> str:
+    """A URL that opens `target` again, its password and all (never to be shown: see `ServerTarget.shown`)."""
+    parts = urllib.parse.urlsplit(target.conninfo)
+    own = urllib.parse.urlencode({"schema": target.schema, "notify": "on" if target.notify else "off"})
+    return urllib.parse.urlunsplit(parts._replace(query="&".join(part for part in (parts.query, own) if part)))
+
+
 def mask_password(url: str) -> str:
     """`url` with the password of its user part (and a ``password`` parameter) replaced by ``***``."""
     try:

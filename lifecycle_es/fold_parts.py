@@ -3,8 +3,9 @@
 `fold_in_parts` shares the runners out by their event counts (`walk.owners`, as the audit does); this
 process folds share 0 while a worker process (``lifecycle_es.workers``, `walk.walk_share`) folds each other
 share, each in a read transaction of its own, reading only its own runners' rows up to the head (all rows
-when the runners could not be counted). Each replays its runners through the rules, as `walk` does; none
-checks the chain (a rebuild trusts the log's bytes as `replay.fold_log` does: the audit is what proves them).
+when the runners could not be counted). Each replays its runners through the rules alone, as
+`replay.fold_log` does: none checks the chain, the seqs or the versions (a rebuild trusts the log's bytes;
+the audit is what proves them), so that the rebuild refuses just what one process refuses.
 
     ends = fold_in_parts(store, head=store.head().seq, jobs=2)   # {runner: (state, version, seq)}
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable
 
 from .errors import IntegrityError
 from .store import EventStore
-from .walk import Streams, counted, owners, received, walk
+from .walk import Streams, counted, owners, received, reopened, walk
 from .workers import WorkerError, Workers
 
 
@@ -27,12 +28,13 @@ def fold_in_parts(store: EventStore, *, head: int, jobs: int,
     slowest walker got through."""
     owned = owners(counted(store), jobs)
     # An empty chain range (1, 0): no seq to check, so each walker reads only its own runners' rows.
-    calls = [(store.path, store._key, head, 1, 0, part, jobs, None, (), owned) for part in range(1, jobs)]
+    calls = [(reopened(store), store._key, head, 1, 0, part, jobs, None, (), owned, store.backend.identity, False)
+             for part in range(1, jobs)]
     with Workers("lifecycle_es.walk:walk_share", calls, progress=progress) as workers:
         workers.begin()
         tell = (lambda rows: progress(min(rows, workers.poll()))) if progress is not None else None
         here = walk(store, store._key, head=head, chain_range=(1, 0), share=(0, jobs), position=None,
-                    snapshot_seqs=(), progress=tell, owned=owned)
+                    snapshot_seqs=(), progress=tell, owned=owned, checked=False)
         walks = [here, *(received(result) for result in workers.results())]
     problems = sorted((walked.problem for walked in walks if walked.problem is not None),
                       key=lambda problem: (problem.seq is None, problem.seq or 0))

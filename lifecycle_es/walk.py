@@ -29,9 +29,9 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from .backend import Row
-from .backends import open_backend
+from .backends import ServerTarget, open_backend, target_url
 from .errors import IntegrityError, LifecycleError
-from .replay import Fold
+from .replay import Fold, unforeseen
 from .state import RunnerState, decode_state, encode_state
 from .store import EventStore
 from .verify import ChainCheck
@@ -42,6 +42,8 @@ _SEQ = itemgetter(0)
 Streams = dict[str, tuple[RunnerState, int, int]]
 # A walker of fewer events than this costs more as a process than it saves; shorter logs are walked inline.
 MIN_RANGE_EVENTS = 10_000
+# The most processes a pass may be shared by: a count beyond any machine's CPUs is a mistake, not a plan.
+MAX_JOBS = 256
 BUSY_TIMEOUT_MS = 5000
 # What a worker process's start-up (an interpreter and the package's imports, ~0.15 s of CPU) costs beyond what
 # the auditing process does meanwhile (the schema, the snapshots' tags), in events replayed: the auditing
@@ -75,7 +77,8 @@ class Walked(NamedTuple):
 
 def share_of(stream: str, parts: int) -> int:
     """Which of `parts` walkers replays `stream` (stable across processes and runs)."""
-    return zlib.crc32(stream.encode("utf-8", "surrogatepass")) % parts
+    name = stream if type(stream) is str else repr(stream)  # a name smuggled past STRICT is replayed by one too
+    return zlib.crc32(name.encode("utf-8", "surrogatepass")) % parts
 
 
 def owners(counts: Mapping[str, int], parts: int, head_start: int = STARTUP_EVENTS) -> dict[str, int]:
@@ -98,12 +101,14 @@ def counted(store: EventStore) -> dict[str, int]:
         streams = store.streams()
         if len(streams) > MAX_COUNTED_STREAMS:
             return {}
-        versions = {stream: store.backend.stream_version(stream) for stream in streams}
+        counts = {stream: store.backend.stream_version(stream) for stream in streams}
     except (LifecycleError, TypeError, ValueError):  # text that does not decode: the walk names its seq
         return {}
-    # A version smuggled past STRICT (text, bytes, NULL) sorts last in its stream and comes back as it is: it
-    # weighs nothing in the sharing, and the walk that meets its row names it.
-    return {stream: version if type(version) is int else 0 for stream, version in versions.items()}
+    # A name or a last version of another type (smuggled past STRICT: text sorts after every number) cannot be
+    # counted or ordered; the walk names its seq.
+    if not all(type(stream) is str and type(count) is int for stream, count in counts.items()):
+        return {}
+    return counts
 
 
 def split(head: int, jobs: int, min_range: int = MIN_RANGE_EVENTS) -> list[tuple[int, int]]:
@@ -131,13 +136,15 @@ def _ends(folds: dict[str, Fold]) -> Streams:
 
 def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[int, int] | None,
          share: tuple[int, int] | None, position: int | None, snapshot_seqs: Collection[int],
-         progress: Callable[[int], None] | None = None, owned: Mapping[str, int] | None = None) -> Walked:
+         progress: Callable[[int], None] | None = None, owned: Mapping[str, int] | None = None,
+         checked: bool = True) -> Walked:
     """Walk rows 1..`head` once (inside the caller's read transaction, for one view of the log).
 
     `chain_range`: the seqs whose links, hashes and times to check (None: none). `share`: ``(part,
     parts)``, the runners to replay (None: all): those `owned` gives to `part` (see `owners`), and of the
     rest those `share_of` gives it. `position`: capture the replayed runners as of this seq (the read
-    models'). `snapshot_seqs`: seqs after which to hand back the replayed state.
+    models'). `snapshot_seqs`: seqs after which to hand back the replayed state. `checked`: False replays
+    the rules alone, as `replay.fold_log` does (a rebuild): no seq or version is checked.
 
     A share of several whose `owned` names every runner reads only what it needs: the rows of its chain
     range and the one before it (whose hash the range's first row links to), and its own runners' rows.
@@ -173,9 +180,10 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
                 chained = rows[bisect.bisect_left(rows, start, key=_SEQ):bisect.bisect_right(rows, last, key=_SEQ)]
             refused: Exception | None = None
             try:
-                check.rows(chained)
+                if checked:
+                    check.rows(chained)
                 if own is not None and end > last:
-                    check.finish(last)  # the range whole before any row beyond it is replayed
+                    _finish_range(store, check, last)  # the range whole before any row beyond it is replayed
             except (IntegrityError, TypeError, AttributeError) as exc:
                 refused = exc
                 # Seqs are the table's integer key, in order: the rows before the one refused.
@@ -198,7 +206,7 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
                     if folding is None:
                         folding = folds[stream] = Fold()
                     # Inline, not a function: a call less for every row of the audit.
-                    if row[2] != folding.version + 1:
+                    if checked and row[2] != folding.version + 1:
                         raise IntegrityError(row[0], f"version {row[2]} where {folding.version + 1} was due",
                                              stream=stream)
                     try:
@@ -206,7 +214,7 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
                     except IntegrityError:
                         raise
                     except Exception as exc:  # a hostile body the rules did not foresee must not escape as a crash
-                        raise _unforeseen(row, exc) from None
+                        raise unforeseen(row, exc) from None
                     if snapshot_seqs and row[0] in snapshot_seqs:
                         state = folding.state()
                         assert state is not None
@@ -222,9 +230,10 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
                 progress(through)
         kind = "chain"
         if own is None:
-            check.finish(head)
+            if checked:
+                check.finish(head)
         else:
-            check.finish(last)
+            _finish_range(store, check, last)
             # Its own runners' rows were read to the head: none of them lies beyond the last one read.
             if captured is None and position is not None and position <= head:
                 captured = _ends(folds)
@@ -247,6 +256,16 @@ def walk(store: EventStore, key: bytes | None, *, head: int, chain_range: tuple[
     return Walked(None, _ends(folds), captured, at_snapshots, max(through, check.expected - 1))
 
 
+def _finish_range(store: EventStore, check: ChainCheck, last: int) -> None:
+    """`check.finish(last)` for a walker that reads beyond its range only its own runners' rows: rows missing
+    at the range's end are named as one walk over every row names them, by the row found where the first was
+    due (whichever runner's it is)."""
+    if check.expected <= last:
+        for rows in store.backend.pages(after=check.expected - 1, stream=None, limit=1):
+            check.rows(rows[:1])
+    check.finish(last)
+
+
 def _own_streams(owned: Mapping[str, int] | None, part: int) -> list[str] | None:
     """The runners `owned` gives to `part`, when it names runners at all and every name is text (else None:
     the walk reads every row, and `share_of` places what `owned` does not name)."""
@@ -261,11 +280,6 @@ def _counted(check: ChainCheck, kind: str, row: Row | None, through: int) -> int
     return row[0] if kind == "rules" and row is not None else max(through, check.expected - 1)
 
 
-def _unforeseen(row: Row, exc: Exception) -> IntegrityError:
-    """The IntegrityError of a row whose replay raised what no rule foresaw."""
-    return IntegrityError(row[0], f"{row[3]} could not be replayed: {type(exc).__name__}: {exc}", stream=row[1])
-
-
 def open_for_audit(path: str, key: bytes | None) -> EventStore:
     """The store at `path` opened read-only for a walk: nothing changed on it, no seal checked."""
     backend = open_backend(path, busy_timeout_ms=BUSY_TIMEOUT_MS, read_only=True)
@@ -274,6 +288,13 @@ def open_for_audit(path: str, key: bytes | None) -> EventStore:
     except BaseException:
         backend.close()
         raise
+
+
+def reopened(store: EventStore) -> str:
+    """Where a worker opens `store` again: its file, or its server's URL with the password its `path` masks
+    (the worker is sent it on its stdin, never in its argv or environment)."""
+    target = getattr(store.backend, "target", None)
+    return target_url(target) if isinstance(target, ServerTarget) else store.path
 
 
 # A worker's walk as it travels back: each state as its snapshot bytes (several times cheaper to make and
@@ -317,18 +338,26 @@ def received(result: Sent) -> Walked:
 
 def walk_share(path: str, key: bytes | None, head: int, first: int, last: int, part: int, parts: int,
                position: int | None, snapshot_seqs: Collection[int],
-               owned: Mapping[str, int] | None = None) -> Sent:
+               owned: Mapping[str, int] | None = None, identity: tuple[int, int] | None = None,
+               checked: bool = True) -> Sent:
     """One worker's walk (run by ``lifecycle_es.workers``): the chain over ``[first, last]``, the rules over
-    runner share `part` of `parts` (see `walk`), sent back as `sent` makes it (`received` reads it)."""
+    runner share `part` of `parts` (see `walk`), sent back as `sent` makes it (`received` reads it).
+    `identity`: the store's as the process that started the worker opened it (`Backend.identity`): a file
+    found at `path` that is not that one (replaced since) is not walked. `checked`: see `walk`."""
     try:
         store = open_for_audit(path, key)
     except (LifecycleError, OSError) as exc:
         return sent(Walked(Found(None, None, "read", f"a worker could not open the store: {exc}"), {}, None, [], 0))
+    if identity is not None and tuple(store.backend.identity) != tuple(identity):
+        store.close()
+        return sent(Walked(Found(None, None, "read", f"a worker found another store at {path!r} than the one "
+                                                     "opened: it was replaced since, and is not walked"),
+                           {}, None, [], 0))
     try:
         with store.backend.read_tx("audit a share of the log"):
             return sent(walk(store, key, head=head, chain_range=(first, last), share=(part, parts),
                              position=position, snapshot_seqs=snapshot_seqs, progress=report_progress,
-                             owned=owned))
+                             owned=owned, checked=checked))
     except LifecycleError as exc:
         return sent(Walked(Found(first, None, "read", str(exc)), {}, None, [], 0))
     finally:

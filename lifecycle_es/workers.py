@@ -1,11 +1,13 @@
 """Worker processes for long read-only passes (the audit's ``jobs > 1``), started the one safe way.
 
-A worker is a fresh interpreter running ``python -m lifecycle_es.workers``, never a fork and never a
+A worker is a fresh interpreter running this module's `_serve`, never a fork and never a
 ``multiprocessing`` child: it needs no ``if __name__ == "__main__"`` guard in the caller's script,
 works from any thread, and shares no SQLite connection or lock with its parent. The parent writes
 one pickled request to the worker's stdin (the key travels there too: never in argv or the
 environment), the worker reports progress as integers on a pipe of its own and writes one pickled
 result to stdout. Only functions of this package may be named, so a request cannot run arbitrary code.
+A worker whose parent is gone (killed, even with SIGKILL, before it could stop its workers) stops at its
+next progress report, exit status `PARENT_GONE`: nobody is left to read its result.
 
     with Workers("lifecycle_es.walk:walk_share", [args_1, args_2], progress=on_rows) as workers:
         results = workers.results()
@@ -19,7 +21,6 @@ nothing read from a store is unpickled.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import pickle
@@ -36,6 +37,10 @@ from .errors import LifecycleError
 PACKAGE = "lifecycle_es"
 _COUNT = struct.Struct("<q")
 _PROGRESS_FD_ENV = "LIFECYCLE_ES_PROGRESS_FD"
+# Imported by name, not run as ``-m lifecycle_es.workers``: the package imports this module first, which makes
+# ``-m`` warn (RuntimeWarning), and a worker with warnings made errors (PYTHONWARNINGS=error) would not start.
+_SERVE = f"from {__name__} import _serve; raise SystemExit(_serve())"
+PARENT_GONE = 3  # a worker's exit status when it stopped because its parent is gone
 
 
 class WorkerError(LifecycleError):
@@ -94,7 +99,7 @@ class Workers:
             env = dict(os.environ)
             env[_PROGRESS_FD_ENV] = str(write_end)
             process = subprocess.Popen(
-                [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                [sys.executable, "-c", _SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(write_end,), env=env, close_fds=True)
         except BaseException:
             os.close(read_end)
@@ -219,24 +224,35 @@ class Workers:
 
 
 def report_progress(rows: int) -> None:
-    """In a worker: tell the parent how many rows this worker has read (a no-op outside a worker)."""
+    """In a worker: tell the parent how many rows this worker has read (a no-op outside a worker); SystemExit
+    (`PARENT_GONE`) when the parent is gone: this worker was handed to another process, or nobody reads."""
     fd = _progress_fd
-    if fd is not None:
-        with contextlib.suppress(OSError):  # the parent stopped listening; the result still matters
-            os.write(fd, _COUNT.pack(rows))
+    if fd is None:
+        return
+    if os.getppid() != _parent:
+        raise SystemExit(PARENT_GONE)
+    try:
+        os.write(fd, _COUNT.pack(rows))
+    except BrokenPipeError:
+        raise SystemExit(PARENT_GONE) from None
+    except OSError:  # the result still matters
+        pass
 
 
 _progress_fd: int | None = None
+_parent = 0
 
 
 def _serve() -> int:
-    global _progress_fd
+    global _progress_fd, _parent
+    _parent = os.getppid()
     fd_text = os.environ.pop(_PROGRESS_FD_ENV, None)
     _progress_fd = int(fd_text) if fd_text and fd_text.isdigit() else None
     # Run as ``python -m``, this module is ``__main__``; the code a worker calls imports it again by its
     # name, and reports through that copy's `report_progress`: it must hold the pipe too.
     named = importlib.import_module(__spec__.name if __spec__ is not None else __name__)
     setattr(named, "_progress_fd", _progress_fd)  # noqa: B010 (the module as imported by name)
+    setattr(named, "_parent", _parent)  # noqa: B010
     target, call = pickle.loads(sys.stdin.buffer.read())
     try:
         value = (False, _resolve(target)(*call))

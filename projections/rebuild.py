@@ -16,7 +16,7 @@ from lifecycle_es.replay import Folded, fold_log, write_snapshot
 from lifecycle_es.state import RunnerState
 from lifecycle_es.store import EventStore
 from lifecycle_es.values import safe_int
-from lifecycle_es.walk import split
+from lifecycle_es.walk import MAX_JOBS, split
 
 from .read_models import write_runner
 
@@ -40,7 +40,7 @@ def rebuild(store: EventStore, *, progress: Callable[[int, int], None] | None = 
     the replay, this one and ``jobs - 1`` workers reading the store at ``store.path`` (a log under 10,000
     events a process is replayed in this one alone; see ``lifecycle_es.fold_parts``).
     """
-    jobs = safe_int(jobs, "jobs", 1)
+    jobs = safe_int(jobs, "jobs", 1, MAX_JOBS)
     started = time.perf_counter()
     with store.transaction("rebuild") as tx:
         backend = tx.store.backend

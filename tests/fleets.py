@@ -229,6 +229,12 @@ def smuggle(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
     finally:
         set_events_schema(path, lambda _: original)
 
+
+def smuggled(path: Path, column: str, value: object, seq: int) -> None:
+    """Set `column` of the row at `seq` to a value STRICT refuses, as an attacker does (`smuggle`)."""
+    smuggle(path, (f"UPDATE events SET {column} = ? WHERE seq = ?", (value, seq)))
+
+
 def edit_caches(path: Path, *statements: tuple[str, tuple[Any, ...]]) -> None:
     """Edit the caches (snapshots, read models) as anyone with write access can: plain apsw, nothing else touched.
 

@@ -218,9 +218,9 @@ def default_seal(path: str, seal: str | None) -> str | None:
     return seal
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
+def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer of at least `minimum` (0 for a seq, 1 for a count of workers), and at most
-    the largest seq a store holds (`values.MAX_SAFE_INTEGER`)."""
+    `maximum` when given, else the largest seq a store holds (`values.MAX_SAFE_INTEGER`)."""
 
     def parse(text: str) -> int:
         try:
@@ -229,6 +229,8 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{shown(text)} is not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value} is not at least {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{shown(value)} is more than {maximum}")
         # Refused here, naming the option, rather than deeper down as a field the command line never named
         # (or not at all: events -n 5 --after 10**20 printed nothing).
         if value > MAX_SAFE_INTEGER:

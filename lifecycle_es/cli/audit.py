@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from lifecycle_es.auditing import audit
+from lifecycle_es.walk import MAX_JOBS
 
 from .access import default_seal, input_file, int_at_least, open_store, read_key_file, read_trust, require_file
 from .exits import EXIT_DATAERR, EXIT_OK, EXIT_USAGE, CommandError, classify, one_line, printable
@@ -42,7 +43,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--html", metavar="OUT.html", help="also write the findings as one self-contained HTML page, "
                                                            "with the timeline drawn and the first problem marked on it")
-    parser.add_argument("--jobs", type=int_at_least(1), default=os.cpu_count() or 1, metavar="N",
+    parser.add_argument("--jobs", type=int_at_least(1, MAX_JOBS), default=min(os.cpu_count() or 1, MAX_JOBS),
+                        metavar="N",
                         help="processes, this one and N - 1 workers, each checking a seq range of the chain and "
                              "replaying a share of the runners (default: %(default)s, the CPUs; a log under 10,000 "
                              "events a process is audited in this one alone)")

@@ -22,6 +22,7 @@ from typing import Any
 
 from lifecycle_es.backends import is_url
 from lifecycle_es.store import EventStore
+from lifecycle_es.walk import MAX_JOBS
 
 from .access import int_at_least, open_store, read_key_file, read_signer, require_file
 from .exits import EXIT_OK, EXIT_USAGE, CommandError, printable
@@ -37,7 +38,8 @@ def register(subparsers: Any) -> None:
     rebuild.add_argument("file", metavar="FILE", help="the store file, or a postgresql:// URL")
     rebuild.add_argument("-k", "--key-file", metavar="K",
                          help="the store key (a keyed store's snapshots carry a MAC only its key can make)")
-    rebuild.add_argument("--jobs", type=int_at_least(1), default=os.cpu_count() or 1, metavar="N",
+    rebuild.add_argument("--jobs", type=int_at_least(1, MAX_JOBS), default=min(os.cpu_count() or 1, MAX_JOBS),
+                         metavar="N",
                          help="processes sharing the replay: this one and N-1 workers (default: the CPU count; a "
                               "log under 10,000 events a process is replayed in one)")
     rebuild.set_defaults(run=run_rebuild)

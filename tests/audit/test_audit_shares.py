@@ -9,11 +9,12 @@ each walker's runners have events in the other walker's range.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import apsw
 import pytest
-from fleets import attack, copy_store, rechain, smuggle
+from fleets import attack, copy_store, rechain, smuggled
 
 from lifecycle_es import AuditReport, EventStore, audit
 from lifecycle_es.walk import counted, open_for_audit, owners, split
@@ -54,13 +55,22 @@ def both(path: Path) -> tuple[AuditReport, AuditReport]:
     return one, two
 
 
+def whole(report: AuditReport) -> dict[str, object]:
+    """Everything the report says but how many processes said it."""
+    found = report.as_dict()
+    del found["jobs"]
+    return found
+
+
 def same_first_problem(path: Path, seq: int, kind: str) -> tuple[AuditReport, AuditReport]:
-    """Both reports, whose first problem must be at `seq` and of `kind`."""
+    """Both reports, whose first problem must be at `seq` and of `kind`, and which must say the same in every
+    other respect too (the problems, the checks, the runners' states and leases as of the seq before)."""
     one, two = both(path)
     assert one.first_problem is not None and two.first_problem is not None, (one.problems, two.problems)
     assert (one.first_problem.seq, one.first_problem.kind) == (seq, kind), one.problems
     assert (two.first_problem.seq, two.first_problem.kind) == (seq, kind), two.problems
     assert two.events == one.events == seq - 1
+    assert whole(two) == whole(one)
     return one, two
 
 
@@ -132,11 +142,50 @@ def test_an_event_of_one_walkers_runner_in_the_others_range_is_named_at_its_seq(
     assert two.first_problem == one.first_problem and one.first_problem.stream == stream
 
 
-@pytest.mark.parametrize("version", ["", b"\x01", None], ids=["text", "bytes", "null"])
-def test_a_version_smuggled_past_strict_is_named_at_its_seq_by_both(interleaved: Path, tmp_path: Path,
-                                                                    version: object) -> None:
-    # The stream's last version, as the sharing of runners reads it, is that value (text sorts after integers).
-    path = copied(interleaved, tmp_path / "version.db")
-    seq, _, _ = row_of(path, 1, shares(path)[0][1])
-    smuggle(path, ("UPDATE events SET version = ? WHERE seq = ?", (version, seq)))
+@pytest.mark.parametrize("where", ["first", "last"])
+@pytest.mark.parametrize("column", ["hash", "at"])
+def test_an_edit_at_a_ranges_end_is_one_problem_as_one_walk_finds(interleaved: Path, tmp_path: Path, where: str,
+                                                                  column: str) -> None:
+    # One walk stops at its first bad row. Split, the hash of the first range's last row is also the prev the
+    # second walker links its range to, and an at set back breaks the chain (its range's walker) and the rules
+    # (its runner's walker) alike: neither may add a second problem, nor mark the rules broken.
+    ranges, _ = shares(interleaved)
+    seq = ranges[0][1] if where == "last" else ranges[1][0]
+    path = copied(interleaved, tmp_path / "end.db")
+    value: object = bytes(32) if column == "hash" else "2025-01-01T00:00:00.000Z"
+    attack(path, (f"UPDATE events SET {column} = ? WHERE seq = ?", (value, seq)))
+    one, _ = same_first_problem(path, seq, "chain")
+    assert len(one.problems) == 1 and one.checks["rules"] is None, one.problems
+
+
+@pytest.mark.parametrize(("column", "value"), [("version", "x"), ("version", b"x"), ("stream", None),
+                                               ("stream", b"runner-1"), ("stream", 7)])
+@pytest.mark.parametrize("part", [0, 1])
+def test_a_value_smuggled_past_strict_is_named_as_one_walk_names_it(interleaved: Path, tmp_path: Path, column: str,
+                                                                   value: object, part: int) -> None:
+    # A version that is not an integer is a stream's last version (text sorts after numbers): the runners
+    # cannot be counted. A runner name that is not text cannot be shared out: every walker meets its row, and
+    # the one whose range holds it names it as one walk does (the chain cannot hash it), not as a row it
+    # could not place.
+    ranges, _ = shares(interleaved)
+    first, last = ranges[part]
+    seq = (first + last) // 2
+    path = copied(interleaved, tmp_path / "smuggled.db")
+    smuggled(path, column, value, seq)
     same_first_problem(path, seq, "chain")
+
+
+def test_a_worker_never_walks_a_file_put_in_place_of_the_one_opened(interleaved: Path, tmp_path: Path) -> None:
+    # The workers open the store by its path: a clean copy renamed over an edited file once the audit's caller
+    # opened it must not stand in for the edited rows of the workers' ranges.
+    ranges, _ = shares(interleaved)
+    seq = (ranges[1][0] + ranges[1][1]) // 2
+    path = copied(interleaved, tmp_path / "edited.db")
+    attack(path, ("UPDATE events SET hash = ? WHERE seq = ?", (bytes(32), seq)))
+    clean = copied(interleaved, tmp_path / "clean.db")
+    with EventStore.open(path, read_only=True) as store:
+        os.replace(clean, path)
+        one, two = audit(store), audit(store, jobs=2)
+    assert one.first_problem is not None and one.first_problem.seq == seq, one.problems
+    assert not two.ok and two.first_problem is not None, two.problems
+    assert "another store" in two.first_problem.reason and "replaced" in two.first_problem.reason
