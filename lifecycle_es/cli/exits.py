@@ -48,6 +48,7 @@ from lifecycle_es.errors import (
     StoreIOError,
     StoreKeyError,
 )
+from lifecycle_es.workers import WorkerError
 
 EXIT_OK = 0
 EXIT_USAGE = 64
@@ -165,6 +166,8 @@ def _code(exc: BaseException) -> int:
         return EXIT_IOERR
     if isinstance(exc, InvalidInputError):
         return EXIT_USAGE
+    if isinstance(exc, WorkerError):
+        return EXIT_SOFTWARE  # a worker that died or broke proves nothing about the log: not 65
     if isinstance(exc, LifecycleError | msgspec.MsgspecError | UnicodeError):
         # StoreFormatError, StoreBehindSealError, StorePragmaError and any other store error: the file
         # is not what a lifecycle-es store must be.

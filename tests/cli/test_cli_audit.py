@@ -437,6 +437,24 @@ def test_worker_processes_replay_the_rules_too(long_log: Path, tmp_path: Path) -
     assert "LeaseSettled breaks the rules" in report["reason"]
 
 
+
+@pytest.mark.parametrize("command", ["audit", "rebuild"])
+def test_a_worker_that_dies_exits_70_not_65(command: str, long_log: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # A worker killed (the OOM killer, an operator) proves nothing about the log: not the data error of a bad one.
+    from lifecycle_es.workers import WorkerError, Workers
+
+    def killed(self: Workers) -> list[object]:
+        raise WorkerError("worker 0 was killed by signal 9: no message")
+
+    path = copy_store(long_log, tmp_path / "whole.db")
+    before = path.read_bytes()
+    monkeypatch.setattr(Workers, "results", killed)
+    assert cli_main([command, str(path), "--jobs", "2"]) == 70
+    assert "worker 0 was killed by signal 9" in capsys.readouterr().err
+    assert path.read_bytes() == before
+
 def test_usage_errors_exit_64_and_missing_files_66(fleet_log: FleetLog, tmp_path: Path) -> None:
     path = fleet_log[0]
     for args in ((), ("audit",), ("audit", path, "--jobs", "0"), ("audit", path, "--jobs", "two"),
