@@ -28,11 +28,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from . import chain
+from . import chain, forked
 from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, HostLeaseRow, Row
 from .backends import is_url, open_backend
 from .canonical import MAX_EPOCH_MS, canonical_ms, iso_ms, timestamp
@@ -53,7 +52,7 @@ from .seal import Seal, check_seal, read_seal, write_seal
 from .transaction import WriteTransaction as WriteTransaction  # re-exported: where it was always imported from
 from .transaction import _Fencing
 from .values import safe_id, safe_int, shown
-from .verify import ChainCheck, well_formed_at
+from .verify import verify_rows, well_formed_at
 
 if TYPE_CHECKING:
     from .checkpoints import Checkpoint
@@ -99,7 +98,7 @@ class EventStore:
         self._rollbacks = 0
         self._writing: int | None = None  # the thread that holds a write transaction open, while one does
         self._pid = os.getpid()
-        _OPEN.add(self)
+        forked.track(self)
         # One connection serves every thread: a write transaction, a page of a read, holds it in turn, so
         # no thread reads another's uncommitted batch or starts a transaction inside it.
         self._lock = threading.RLock()
@@ -511,20 +510,7 @@ class EventStore:
         """
         key = self._verify_key(key)
         with self._lock, self._backend.read_tx("verify"):
-            check = ChainCheck(self.store_id, key, versions=True)
-            for page in self._backend.pages(after=0, stream=None):
-                for row in page:
-                    check.row(row)
-                if progress is not None:
-                    progress(check.expected - 1)
-            read = check.expected - 1
-            # The walk reads seq 1, 2, ...; a row moved to seq <= 0 would sit outside it unseen.
-            count, lowest = self._backend.seq_bounds()
-            if count != read:
-                raise IntegrityError(read + 1, f"the log holds {count} events but its chain only {read}: "
-                                               f"an event lies outside it (lowest seq {lowest})")
-            assert check.versions is not None
-            report = VerifyReport(read, len(check.versions), Head(read, check.prev, check.prev_at or None))
+            report = verify_rows(self._backend, self.store_id, key, progress)
         if seal is not None:
             self.check_seal(text_path(seal, "seal"), key=key)
         return report
@@ -576,19 +562,14 @@ class EventStore:
             self._backend.close()
 
     def _inherited(self) -> None:
-        """This process was forked from the one that opened the store: fence it, with locks of its own."""
-        # The connection is the parent's: SQLite's file locks are that process's and a server's session is one
-        # socket, so a write here could corrupt the file or the session; a lock a thread of the parent held at
-        # the fork would be held for ever here, so fresh ones let every call reach the fence instead.
+        """This process was forked from the one that opened the store: fence it, with locks of its own (so that
+        every call reaches the fence instead of a lock a thread of the parent held; see ``forked``)."""
         self._fence = (f"the store {self.path!r} was opened in process {self._pid}, which this process was forked "
                        "from, and a connection does not survive a fork: open the store again in this process")
         self._lock = threading.RLock()
         self._group = GroupCommit(self)
         self._writing = None
-        # Kept, never closed or collected here: a connection finalized in this process would end the session a
-        # server shares with the parent. Every use of the backend now raises the fence.
-        _INHERITED.append(self._backend)
-        self._backend = cast("Backend", _Inherited(self._backend.path, self._fence))
+        self._backend = forked.inherited(self._backend, self._fence)
 
     def snapshot_tag(self, stream: str, version: int, seq: int, event_hash: bytes, state: bytes) -> bytes:
         """The tag a snapshot of `stream` at `version`/`seq` (the event hashed `event_hash`) of `state` carries.
@@ -600,32 +581,6 @@ class EventStore:
         if self.key_id is not None and self._key is None:
             raise StoreKeyError("this keyed store was opened without its key: its snapshots cannot be proven")
         return chain.snapshot_tag(self.store_id, stream, version, seq, event_hash, state, self._key)
-
-
-# Every store open in this process: a child forked from it fences each one (`EventStore._inherited`).
-_OPEN: weakref.WeakSet[EventStore] = weakref.WeakSet()
-
-
-_INHERITED: list[Backend] = []
-
-
-class _Inherited:
-    """The backend of a store in a process forked from the one that opened it: every use raises its fence."""
-
-    def __init__(self, path: str, fence: str) -> None:
-        self.path = path
-        self._fence = fence
-
-    def __getattr__(self, name: str) -> Any:
-        raise StoreFencedError(self._fence)
-
-
-def _forked() -> None:
-    for store in list(_OPEN):
-        store._inherited()
-
-
-os.register_at_fork(after_in_child=_forked)
 
 
 def _not_before(at: str, seq: int, head_at: object, *, stamped: bool) -> str:

@@ -26,8 +26,9 @@ from typing import Any
 import blake3
 
 from . import chain
-from .backend import Row
+from .backend import Backend, Row
 from .errors import IntegrityError
+from .log import Head, VerifyReport
 from .values import shown
 
 _SEQ = itemgetter(0)
@@ -158,3 +159,24 @@ class ChainCheck:
         """IntegrityError when the walk ended before `head` (a gap or a truncation under the head)."""
         if self.expected <= head:
             raise IntegrityError(self.expected, f"seq {self.expected} is missing (a gap or a truncation)")
+
+
+def verify_rows(backend: Backend, store_id: bytes, key: bytes | None,
+                progress: Callable[[int], None] | None = None) -> VerifyReport:
+    """`EventStore.verify`'s walk, inside the caller's read transaction: every row from seq 1 through `ChainCheck`
+    (versions too), then the count of rows, so that none lies outside the chain; IntegrityError at the first
+    bad seq. `progress`: called with the last seq checked after each page."""
+    check = ChainCheck(store_id, key, versions=True)
+    for page in backend.pages(after=0, stream=None):
+        for row in page:
+            check.row(row)
+        if progress is not None:
+            progress(check.expected - 1)
+    read = check.expected - 1
+    # The walk reads seq 1, 2, ...; a row moved to seq <= 0 would sit outside it unseen.
+    count, lowest = backend.seq_bounds()
+    if count != read:
+        raise IntegrityError(read + 1, f"the log holds {count} events but its chain only {read}: "
+                                       f"an event lies outside it (lowest seq {lowest})")
+    assert check.versions is not None
+    return VerifyReport(read, len(check.versions), Head(read, check.prev, check.prev_at or None))
