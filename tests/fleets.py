@@ -22,9 +22,10 @@ from typing import Any
 import apsw
 import pytest
 
-from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle, chain
-from lifecycle_es.canonical import iso_ms
+from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle, RunnerState, chain
+from lifecycle_es.canonical import iso_ms, parse_iso_ms
 from lifecycle_es.events import RUNNER_SCHEMA, LeaseAcquired, LeaseSettled, RunnerInitialized
+from lifecycle_es.runner import apply
 from lifecycle_es.sqlite_schema import MIGRATIONS
 from lifecycle_es.testing import FakeClock
 from lifecycle_es.walk import MIN_RANGE_EVENTS
@@ -298,3 +299,13 @@ def long_in(factory: pytest.TempPathFactory) -> Path:
     path = factory.mktemp("long") / "long.db"
     build_long(path)
     return path
+
+
+def truncated_replay(store: EventStore, until_seq: int) -> dict[str, RunnerState]:
+    """Every runner's state after the log's first `until_seq` events, folded from nothing through the rules: no
+    snapshot, no projection helper."""
+    states: dict[str, RunnerState] = {}
+    for recorded in store.read(limit=until_seq):
+        states[recorded.stream] = apply(states.get(recorded.stream), recorded.event, parse_iso_ms(recorded.at),
+                                        recorded.at)
+    return states

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from fleets import truncated_replay
 from holding import Held
 from pg import Server
 from targets import raw_sql
@@ -29,7 +30,6 @@ from lifecycle_es.errors import StaleFenceError, StoreKeyError
 from lifecycle_es.events import LeaseAcquired
 from lifecycle_es.receipts import project
 from lifecycle_es.replay import TAG_BYTES, load, snapshot_blob, snapshot_of
-from lifecycle_es.runner import apply
 from lifecycle_es.state import encode_state
 from lifecycle_es.store import WriteTransaction
 from lifecycle_es.testing import FakeClock
@@ -557,15 +557,6 @@ def test_a_snapshot_written_before_snapshots_were_tagged_is_ignored_then_rewritt
 
 
 # --- state as of any seq, and the fleet view ------------------------------------------------------------
-
-
-def truncated_replay(store: EventStore, until_seq: int) -> dict[str, RunnerState]:
-    """Fold the log's first `until_seq` events from nothing: no snapshot, no projection helper."""
-    states: dict[str, RunnerState] = {}
-    for recorded in store.read(limit=until_seq):
-        states[recorded.stream] = apply(states.get(recorded.stream), recorded.event, epoch_ms(recorded.at),
-                                        recorded.at)
-    return states
 
 
 def _counts(states: dict[str, RunnerState]) -> tuple[dict[str, list[str]], dict[str, int]]:

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from itertools import groupby
 
+from fleets import truncated_replay
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from targets import Places, raw_sql
 
-from lifecycle_es import EventStore, RunnerState
-from lifecycle_es.canonical import iso_ms, parse_iso_ms
+from lifecycle_es import EventStore
+from lifecycle_es.canonical import iso_ms
 from lifecycle_es.replay import load, write_snapshot
-from lifecycle_es.runner import apply
 from lifecycle_es.testing import event_logs
 from projections import fleet, fleet_of, state_at, states_at
 
@@ -28,18 +28,9 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 EDITS = ("flip", "other stream", "version", "seq", "event hash", "cut", "none")
 
 
-def folded_from_the_start(store: EventStore, until_seq: int) -> dict[str, RunnerState]:
-    """Every runner's state after the log's first `until_seq` events, folded through the rules."""
-    states: dict[str, RunnerState] = {}
-    for recorded in store.read(limit=until_seq):
-        states[recorded.stream] = apply(states.get(recorded.stream), recorded.event, parse_iso_ms(recorded.at),
-                                        recorded.at)
-    return states
-
-
 def assert_reads_equal_the_fold(store: EventStore, seqs: list[int]) -> None:
     for seq in seqs:
-        truth = folded_from_the_start(store, seq)
+        truth = truncated_replay(store, seq)
         assert states_at(store, seq) == truth, seq
         assert fleet(store, at_seq=seq) == fleet_of(truth, seq), seq
         for runner_id in store.streams():

@@ -428,9 +428,14 @@ def test_follow_yields_this_connections_own_commits(store: EventStore) -> None:
     assert seen == [1, 2, 3]
 
 
-def test_follow_one_stream_after_a_seq(store: EventStore) -> None:
+
+def six_events(store: EventStore) -> None:
+    """Seqs 1..6, odd ones on stream x, even ones on stream y."""
     for n in range(1, 7):
         store.append_unchecked("x" if n % 2 else "y", [ReclaimCompleted(generation=n)])
+
+def test_follow_one_stream_after_a_seq(store: EventStore) -> None:
+    six_events(store)
     stop = threading.Event()
     timer = guarded(stop)
     seen: list[int] = []
@@ -460,8 +465,7 @@ def test_keyed_round_trip_survives_reopen(places: Places, key: bytes, events: li
 def test_follow_raises_when_the_log_is_cut_back_under_it(tmp_path: Any, stream: str | None) -> None:
     path = str(tmp_path / "cut.db")
     with EventStore.open(path) as store:
-        for n in range(1, 7):
-            store.append_unchecked("x" if n % 2 else "y", [ReclaimCompleted(generation=n)])
+        six_events(store)
         stop = threading.Event()
         timer = guarded(stop)
         seen: list[int] = []
