@@ -10,7 +10,28 @@ import tempfile
 
 from benchmarks.cluster import NEED, Server, binaries, cluster
 
-__all__ = ["NEED", "Blackhole", "Server", "binaries", "cluster"]
+__all__ = ["NEED", "Blackhole", "Server", "SocketLink", "binaries", "cluster"]
+
+
+class SocketLink:
+    """A socket directory of its own whose socket is a link to a cluster's: `server` reaches that cluster
+    through it until `point` turns the link to another one (a failover, or a restore on another machine,
+    at the same address). Connections made before stay with the cluster they reached."""
+
+    def __init__(self, server: Server) -> None:
+        self.directory = tempfile.mkdtemp(prefix="pgl.", dir="/tmp")
+        self.server = Server(self.directory)
+        self.point(server)
+
+    def point(self, server: Server) -> None:
+        """From now on, new connections reach `server`."""
+        link = os.path.join(self.directory, ".s.PGSQL.5432")
+        os.symlink(os.path.join(server.directory, ".s.PGSQL.5432"), link + ".new")
+        os.replace(link + ".new", link)
+
+    def close(self) -> None:
+        """Remove the link's directory."""
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class Blackhole:
