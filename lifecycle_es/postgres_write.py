@@ -199,8 +199,9 @@ class ServerTransaction:
             lost = conn.broken or conn.closed or error.sqlstate is None
             self._abandon()
             if lost:
-                raise StoreIOError(f"{self.action}: the connection to {backend.path} failed during COMMIT "
-                                   f"({error}): whether it committed is unknown", outcome_unknown=True) from error
+                raise StoreIOError(f"{self.action}: the connection to {backend.path} was lost during COMMIT "
+                                   f"({error}), so whether the server committed it is unknown",
+                                   outcome_unknown=True) from error
             raise translation(self.action, error, backend.path) from error
         except BaseException:
             # Text the connection cannot encode is refused before anything is sent; an interrupt is left to

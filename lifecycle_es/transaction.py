@@ -85,8 +85,7 @@ class WriteTransaction:
         except StoreIOError as error:
             if error.outcome_unknown:
                 # A retry could append the same facts twice, or chain onto a batch the disk lost.
-                store.fence(f"a commit's fsync failed, so whether it landed is unknown: reopen the store "
-                            f"to learn ({error})")
+                store.fence(f"whether a commit landed is unknown ({error}): reopen the store to learn")
             raise
         finally:
             if not committed:
