@@ -11,9 +11,10 @@ function (``append_one``, or ``append_rows`` for a few), and COMMIT. Rows wait f
 statement or its COMMIT, whichever comes first (``postgres_write``). A group commit's batch sends its
 commands' rows in one call with its COMMIT (``postgres_savepoint``). A plain round trip on a local socket costs
 the client less than pipeline mode's bookkeeping, so none is used. The busy timeout is the connection's
-``lock_timeout``, set once when it opens. A connection lost
-while a COMMIT was in flight leaves its outcome unknown (StoreIOError with ``outcome_unknown``), and the
-store fences itself, as on SQLite.
+``lock_timeout``, set once when every connection opens, a reader's too: a statement behind another
+session's table lock waits that long, then is StoreBusyError. A connection lost while a COMMIT was in
+flight leaves its outcome unknown (StoreIOError with ``outcome_unknown``), and the store fences itself,
+as on SQLite.
 
 The store's identity is its id with the server's system identifier: a handle that reconnects (its
 connection was lost) and finds another store, another cluster, or a head behind what it committed (a
@@ -91,26 +92,29 @@ class PostgresBackend(ServerReadModelTables):
         self.identity = self._identity(self.conn)
 
     def _open(self) -> psycopg.Connection[Any]:
+        """A new connection, set up and checked (the store made when missing); any server error on the way is
+        a StoreError naming the server."""
         conn = connect(self.target, read_only=self.read_only)
         try:
-            if not self.read_only:
-                check_settings(conn, durability=self._durability, where=self.path)
-                with translated("open", self.path):
-                    # The busy timeout, once per connection: only a writer's head table lock ever waits.
-                    conn.execute(self._sql.lock_timeout.format(timeout=self._lock_timeout))
-                if self._durability == "normal":
-                    with translated("open", self.path):
+            with translated("open", self.path):
+                # The busy timeout, once per connection: a writer's head table lock waits for it, and so does any
+                # statement behind another session's table lock (ALTER TABLE, VACUUM FULL, LOCK TABLE by hand).
+                conn.execute(self._sql.lock_timeout.format(timeout=self._lock_timeout))
+                if not self.read_only:
+                    check_settings(conn, durability=self._durability, where=self.path)
+                    if self._durability == "normal":
                         conn.execute("SET synchronous_commit = off")
-                if not store_exists(conn, self.schema):
-                    create(conn, self.schema, where=self.path)
-            check_format(conn, self.schema, self.path)
-            if not self.read_only:
-                problems = schema_problems(conn, self.schema)
-                if problems:
-                    raise StoreFormatError(
-                        f"{self.path} was altered outside lifecycle-es, so it is not opened for writing: "
-                        f"{'; '.join(problems[:5])}" + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
-                        + "; audit it (lifecycle-es audit) and restore the store from a good copy")
+                    if not store_exists(conn, self.schema):
+                        create(conn, self.schema, where=self.path)
+                check_format(conn, self.schema, self.path)
+                if not self.read_only:
+                    problems = schema_problems(conn, self.schema)
+                    if problems:
+                        raise StoreFormatError(
+                            f"{self.path} was altered outside lifecycle-es, so it is not opened for writing: "
+                            f"{'; '.join(problems[:5])}"
+                            + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
+                            + "; audit it (lifecycle-es audit) and restore the store from a good copy")
         except BaseException:
             conn.close()
             raise

@@ -26,7 +26,9 @@ def translation(action: str, exc: psycopg.Error, where: str) -> StoreError:
         return StoreFormatError(f"{where} did not keep the write ({detail}): the store's schema was altered "
                                 "(a trigger or a rule?), so nothing was appended: audit it (lifecycle-es audit)")
     if isinstance(exc, pg_errors.LockNotAvailable | pg_errors.DeadlockDetected):
-        return StoreBusyError(f"{action}: the store is locked by another writer (busy timeout passed)")
+        return StoreBusyError(f"{action}: the store in {where} is locked by another session (a writer, or a table "
+                              "lock such as ALTER TABLE's) past the busy timeout: retry later, or open the store "
+                              "with a longer busy_timeout_ms")
     if isinstance(exc, pg_errors.DiskFull | pg_errors.OutOfMemory):
         return StoreFullError(f"{action}: the server is out of space ({detail})")
     if isinstance(exc, pg_errors.InsufficientPrivilege):
@@ -37,7 +39,8 @@ def translation(action: str, exc: psycopg.Error, where: str) -> StoreError:
     if isinstance(exc, pg_errors.UndefinedTable | pg_errors.UndefinedColumn | pg_errors.UndefinedFunction):
         return StoreFormatError(f"{action}: {where} is not a lifecycle-es store as this library makes one ({detail})")
     if state is None or isinstance(exc, psycopg.OperationalError):
-        return StoreIOError(f"{action}: the connection to {where} failed ({detail})")
+        return StoreIOError(f"{action}: the connection to {where} failed ({detail}): check that the server is up "
+                            "and reachable, then retry")
     if isinstance(exc, psycopg.IntegrityError):
         return StoreError(f"{action}: constraint refused the write ({detail})")
     return StoreError(f"{action}: {detail}")

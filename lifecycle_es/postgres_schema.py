@@ -279,7 +279,8 @@ def connect(target: ServerTarget, *, read_only: bool = False) -> psycopg.Connect
         conn = psycopg.connect(target.conninfo, autocommit=True, application_name="lifecycle-es",
                                client_encoding="UTF8")
     except psycopg.Error as exc:
-        raise StoreIOError(f"cannot connect to {target.shown}: {_reason(exc)}") from None
+        raise StoreIOError(f"cannot connect to {target.shown}: {_reason(exc)} (check that the server is up and "
+                           "reachable and that the URL names its host, user and database, then retry)") from None
     if read_only:
         with translated("open read-only", target.shown):
             conn.execute("SET default_transaction_read_only = on")

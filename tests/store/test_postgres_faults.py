@@ -9,11 +9,14 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from pg import Server
+from waiting import returns_within, wait_for
 
 from lifecycle_es import EventStore
 from lifecycle_es.backend import Row
 from lifecycle_es.backends import server_target
 from lifecycle_es.errors import (
+    StoreBusyError,
+    StoreError,
     StoreIOError,
 )
 from lifecycle_es.events import ReclaimCompleted
@@ -83,3 +86,61 @@ def _locked(server: Server, schema: str, table: str) -> psycopg.Connection[tuple
     return conn
 
 
+def test_a_lock_held_through_a_writers_open_is_a_busy_error_naming_the_server(pg_server: Server,
+                                                                             schema: str) -> None:
+    url = pg_server.url(schema).replace("postgres@", "postgres:hunter2@")
+    EventStore.open(url).close()
+    with _locked(pg_server, schema, "events"), pytest.raises(StoreBusyError) as busy:
+        EventStore.open(url, busy_timeout_ms=50)
+    message = str(busy.value)
+    assert "postgresql://postgres:***@" in message and "hunter2" not in message and "busy_timeout_ms" in message
+
+
+def test_a_connection_lost_while_opening_is_a_store_io_error_naming_the_server(pg_server: Server,
+                                                                              schema: str) -> None:
+    url = pg_server.url(schema).replace("postgres@", "postgres:hunter2@")
+    EventStore.open(url).close()
+    with _locked(pg_server, schema, "events"):
+        def opening() -> BaseException | None:
+            try:
+                EventStore.open(url, busy_timeout_ms=600_000).close()
+            except BaseException as exc:  # returned to the test
+                return exc
+            return None
+
+        import threading
+
+        box: list[BaseException | None] = []
+        thread = threading.Thread(target=lambda: box.append(opening()), daemon=True)
+        thread.start()
+        # Watched from a connection of its own: the locker's transaction would see one snapshot of the activity.
+        with psycopg.connect(pg_server.conninfo(), autocommit=True) as watcher:
+            waiting = ("SELECT pid FROM pg_stat_activity WHERE application_name = 'lifecycle-es'"
+                       " AND wait_event_type = 'Lock'")
+            assert wait_for(lambda: watcher.execute(waiting).fetchone() is not None)
+            row = watcher.execute(waiting).fetchone()
+            assert row is not None
+            watcher.execute("SELECT pg_terminate_backend(%s, 10000)", (row[0],))
+        thread.join(60)
+    assert box and isinstance(box[0], StoreIOError), box
+    message = str(box[0])
+    assert "postgresql://postgres:***@" in message and "hunter2" not in message and "retry" in message
+
+
+@pytest.mark.parametrize("table", ["events", "meta"])
+def test_a_reader_behind_a_table_lock_gives_up_at_the_busy_timeout(pg_server: Server, schema: str,
+                                                                   table: str) -> None:
+    with EventStore.open(pg_server.url(schema)) as writer:
+        writer.append_unchecked("a", [event(1)])
+    with EventStore.open(pg_server.url(schema), read_only=True, busy_timeout_ms=50) as reader:
+        with _locked(pg_server, schema, table):  # closed (the lock released) whatever happens
+            def read() -> object:
+                try:
+                    return (list(reader.read()), EventStore.open(pg_server.url(schema), read_only=True,
+                                                                   busy_timeout_ms=50))
+                except StoreError as exc:
+                    return exc
+
+            found = returns_within(read, 20)
+        assert isinstance(found, StoreBusyError), found
+        assert "busy_timeout_ms" in str(found)
