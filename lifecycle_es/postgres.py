@@ -17,9 +17,9 @@ flight leaves its outcome unknown (StoreIOError with ``outcome_unknown``), and t
 as on SQLite.
 
 The store's identity is its id with the server's system identifier: a handle that reconnects (its
-connection was lost) and finds another store, another cluster, or a head behind what it committed (a
-restore, or a failover that lost commits) is fenced. Followers wait on LISTEN/NOTIFY on a connection of
-their own, with polling as the fallback.
+connection was lost) and finds another store, another cluster, or a log without the last event the handle
+committed or saw (a restore, or a failover that lost commits) is fenced (``postgres_connection``).
+Followers wait on LISTEN/NOTIFY on a connection of their own, with polling as the fallback.
 """
 
 from __future__ import annotations
@@ -36,21 +36,16 @@ from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, HostLeaseRow, Row, 
 from .backends import ServerTarget
 from .errors import (
     IntegrityError,
-    StoreBehindSealError,
     StoreFencedError,
-    StoreFormatError,
     StoreIOError,
 )
+from .postgres_connection import open_connection, reconnect
 from .postgres_errors import translated, translation
 from .postgres_read_models import ServerReadModelTables
 from .postgres_savepoint import ServerSavepoint, send_deferred
 from .postgres_schema import (
-    check_format,
-    check_settings,
     connect,
-    create,
     schema_problems,
-    store_exists,
 )
 from .postgres_statements import CHANNEL_PREFIX, Statements
 from .postgres_write import CHUNK_BYTES, SMALL_APPEND_ROWS, ServerTransaction, array_literals, chunks
@@ -72,9 +67,12 @@ class PostgresBackend(ServerReadModelTables):
         self._durability = durability
         self._lock_timeout = f"{busy_timeout_ms}ms" if busy_timeout_ms > 0 else "1ms"
         self._writing = False
-        # The last seq this handle committed, and the one its open transaction appended up to.
-        self._acked = 0
-        self._pending = 0
+        # The last event (seq, hash) this handle knows the log holds: committed by it, or read under the write
+        # lock or by `head` (see `postgres_connection`); the last its open transaction appended; and why the handle
+        # is fenced for good, once a reconnect found another store or one without that event.
+        self._known: tuple[int, bytes | None] = (0, None)
+        self._pending: tuple[int, bytes] | None = None
+        self._gone: str | None = None
         # Inside a write transaction: the head as the lock read it (or as this transaction's inserts left it)
         # and each stream's version as read or written. Only an insert moves them (every other write leaves
         # events alone), and a savepoint's rollback drops them; nothing else can, since the head table's lock
@@ -88,37 +86,8 @@ class PostgresBackend(ServerReadModelTables):
         self._failed = False
         self._listener: psycopg.Connection[Any] | None = None
         self._sql = Statements(target.schema)
-        self.conn = self._open()
+        self.conn = open_connection(self)
         self.identity = self._identity(self.conn)
-
-    def _open(self) -> psycopg.Connection[Any]:
-        """A new connection, set up and checked (the store made when missing); any server error on the way is
-        a StoreError naming the server."""
-        conn = connect(self.target, read_only=self.read_only)
-        try:
-            with translated("open", self.path):
-                # The busy timeout, once per connection: a writer's head table lock waits for it, and so does any
-                # statement behind another session's table lock (ALTER TABLE, VACUUM FULL, LOCK TABLE by hand).
-                conn.execute(self._sql.lock_timeout.format(timeout=self._lock_timeout))
-                if not self.read_only:
-                    check_settings(conn, durability=self._durability, where=self.path)
-                    if self._durability == "normal":
-                        conn.execute("SET synchronous_commit = off")
-                    if not store_exists(conn, self.schema):
-                        create(conn, self.schema, where=self.path)
-                check_format(conn, self.schema, self.path)
-                if not self.read_only:
-                    problems = schema_problems(conn, self.schema)
-                    if problems:
-                        raise StoreFormatError(
-                            f"{self.path} was altered outside lifecycle-es, so it is not opened for writing: "
-                            f"{'; '.join(problems[:5])}"
-                            + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
-                            + "; audit it (lifecycle-es audit) and restore the store from a good copy")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
 
     def _identity(self, conn: psycopg.Connection[Any]) -> tuple[int, int]:
         try:
@@ -134,40 +103,25 @@ class PostgresBackend(ServerReadModelTables):
     def file_identity(self) -> tuple[int, int]:
         """The cluster's system identifier and the store's id, read now (one round trip).
 
-        A lost connection is reconnected here: what the new one finds is returned, and a head behind the
-        last seq this handle committed is StoreBehindSealError (the server lost acknowledged commits).
+        A lost connection is reconnected here (`postgres_connection.reconnect`): another cluster or store behind
+        the address is StoreFencedError, a log without the last event this handle committed or saw is
+        StoreBehindSealError, and either fences the handle.
         """
-        if not (self.conn.closed or self.conn.broken):
+        if self._gone is not None:
+            raise StoreFencedError(self._gone)
+        if not self._lost():
             if self._writing:
                 return self.identity  # inside a write transaction, its head table lock holds the store
             try:
                 return self._identity(self.conn)
             except StoreIOError:
-                if not (self.conn.closed or self.conn.broken):
+                if not self._lost():
                     raise
-                # The server closed the connection (a restart, a failover, an administrator): reconnect.
-        self._drop_listener()
-        try:
-            conn = self._open()
-        except StoreFormatError as exc:
-            raise StoreFencedError(f"the store in {self.path} is not the one this handle opened: {exc}") from None
-        try:
-            identity = self._identity(conn)
-            if identity == self.identity and self._acked:
-                with translated("read head", self.path):
-                    row = conn.execute(self._sql.head).fetchone()
-                if row is None or row[0] < self._acked:
-                    raise StoreBehindSealError(
-                        f"the server lost commits this handle had acknowledged (a restore or a failover?): the store "
-                        f"in {self.path} reconnected behind them",
-                        sealed_seq=self._acked, head_seq=row[0] if row else 0)
-        except BaseException:
-            conn.close()
-            raise
-        with contextlib.suppress(psycopg.Error):
-            self.conn.close()
-        self.conn = conn
-        return identity
+        return reconnect(self)
+
+    def _lost(self) -> bool:
+        """Whether the server closed the connection (a restart, a failover, an administrator)."""
+        return self.conn.closed or self.conn.broken
 
     def schema_problems(self) -> list[str]:
         """How the schema differs from the store's (see `postgres_schema.schema_problems`); empty when exact."""
@@ -209,7 +163,7 @@ class PostgresBackend(ServerReadModelTables):
         if self._writing:
             if self._batch or (self._block is not None and not self._block.opened):
                 send_deferred(self)
-        elif self.conn.closed or self.conn.broken:
+        elif self._gone is not None or self.conn.closed or self.conn.broken:
             self.file_identity()
 
     def _rows(self, action: str, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -234,7 +188,12 @@ class PostgresBackend(ServerReadModelTables):
     def head(self) -> tuple[int, bytes | None, str | None]:
         """(seq, hash, at) of the last event; (0, None, None) for an empty log."""
         rows = self._rows("read head", self._sql.last)
-        return (rows[0][0], bytes(rows[0][1]), rows[0][2]) if rows else (0, None, None)
+        if not rows:
+            return (0, None, None)
+        seq, digest = int(rows[0][0]), bytes(rows[0][1])
+        if seq > self._known[0] and not self._writing:  # (a write transaction's own rows are not committed yet)
+            self._known = (seq, digest)
+        return (seq, digest, rows[0][2])
 
     def head_at(self) -> str | None:
         """The head's at (None for an empty log); in a write transaction, from a tail it read (no query)."""
@@ -272,7 +231,7 @@ class PostgresBackend(ServerReadModelTables):
             versions[row[1]] = row[2]
         last = rows[-1]
         self._head = (last[0], last[7], last[4])
-        self._pending = last[0]
+        self._pending = (last[0], last[7])
 
     def _forget(self) -> None:
         """Drop the head and versions kept for a write transaction (it ended, or a savepoint rolled back)."""

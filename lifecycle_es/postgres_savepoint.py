@@ -62,7 +62,7 @@ class ServerSavepoint:
         self.lost = False
         self.opened = False
         self.rows: list[Row] = []
-        self.pending = 0
+        self.pending: tuple[int, bytes] | None = None
         self.head: tuple[int, bytes | None, str | None] | None = None
         self.versions: dict[str, int] = {}
 
@@ -108,7 +108,7 @@ class ServerSavepoint:
         return False
 
     def _restore(self) -> None:
-        """Put back the head, versions and pending seq as they were when the block began."""
+        """Put back the head, versions and pending event as they were when the block began."""
         backend = self.backend
         backend._pending, backend._head, backend._versions = self.pending, self.head, self.versions
 

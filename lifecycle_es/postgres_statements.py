@@ -34,6 +34,7 @@ class Statements:
         self.begin_lock = (f"BEGIN ISOLATION LEVEL READ COMMITTED; LOCK TABLE {s}.head IN EXCLUSIVE MODE;"
                            f" SELECT * FROM {s}.tail_of(ARRAY[{{}}]::text[])")
         self.head = f"SELECT seq FROM {s}.head"
+        self.hash_at = f"SELECT hash FROM {s}.events WHERE seq = %s"
         self.last = f"SELECT seq, hash, at FROM {s}.events ORDER BY seq DESC LIMIT 1"
         self.stream_version = f"SELECT version FROM {s}.events WHERE stream = %s ORDER BY version DESC LIMIT 1"
         # The head row (its table locked by this transaction), read with the stream's version in one statement. Each

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import psycopg
 
 from .backend import Row
-from .errors import StoreError, StoreFencedError, StoreIOError
+from .errors import StoreBehindSealError, StoreError, StoreFencedError, StoreIOError
+from .postgres_connection import check_head
 from .postgres_errors import translation
 from .postgres_statements import CHANNEL_PREFIX
 from .values import ID_RE
@@ -109,12 +110,12 @@ class ServerTransaction:
         if backend._writing:
             # The server would only warn, and this transaction's COMMIT would end the open one early.
             raise StoreError(f"{self.action}: cannot start a transaction within a transaction")
-        if backend.conn.closed or backend.conn.broken:
-            backend.file_identity()  # reconnects, fencing on another store or a head behind what was acked
+        if backend._gone is not None or backend._lost():
+            backend.file_identity()  # reconnects, fencing on another store or a log without the known event
         try:
             return self._begin()
         except StoreIOError:
-            if not (backend.conn.closed or backend.conn.broken):
+            if not backend._lost():
                 raise
         # The server closed the connection since its last use (a restart, a failover): once more, anew.
         backend.file_identity()
@@ -123,7 +124,7 @@ class ServerTransaction:
     def _begin(self) -> psycopg.Connection[Any]:
         backend = self.backend
         conn = backend.conn
-        backend._pending = 0
+        backend._pending = None
         # Only ids go into the query's text: their characters need no quoting (any other stream is read when
         # asked, by a statement with parameters).
         streams = [stream for stream in self.streams if type(stream) is str and ID_RE.fullmatch(stream)]
@@ -149,8 +150,15 @@ class ServerTransaction:
             raise StoreFencedError(f"the store in {backend.path} is not the one this handle opened (replaced "
                                    "underneath, or another cluster answers at its address)")
         # The head as the locked row holds it: each write is checked against the last event by advance_head,
-        # so a head row edited by hand fails there.
-        backend._head = (int(locked[1]), bytes(locked[2]) if locked[2] is not None else None, locked[3])
+        # so a head row edited by hand fails there. Behind the last event this handle committed or saw, the
+        # store was restored under the connection: writing on would fork the log (a comparison, no query).
+        head = (int(locked[1]), bytes(locked[2]) if locked[2] is not None else None, locked[3])
+        try:
+            check_head(backend, head[0], head[1])
+        except StoreBehindSealError:
+            self._abandon()
+            raise
+        backend._head = head
         backend._versions = dict(zip(streams, locked[4], strict=True))
         backend._batch, backend._block, backend._failed = [], None, False
         backend._writing = True
@@ -208,8 +216,8 @@ class ServerTransaction:
             # the caller: either way the transaction is rolled back if it is still open.
             self._abandon()
             raise
-        if backend._pending:
-            backend._acked = backend._pending
+        if backend._pending is not None:
+            backend._known = backend._pending
         return False
 
 

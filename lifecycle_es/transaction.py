@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .backend import HostLeaseRow
-from .errors import StoreError, StoreFencedError, StoreIOError
+from .errors import StoreBehindSealError, StoreError, StoreFencedError, StoreIOError
 from .events import Event
 from .log import RecordedEvent
 
@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 
 
 class _Fencing:
-    """A backend's write transaction that checks the store's identity as it begins: its StoreFencedError
-    fences the store, as `EventStore._write`'s own check does."""
+    """A backend's write transaction that checks the store's identity (and that its head is not behind what
+    the handle knew) as it begins: its StoreFencedError, or StoreBehindSealError, fences the store, as
+    `EventStore._write`'s own check does."""
 
     __slots__ = ("inner", "store")
 
@@ -40,8 +41,11 @@ class _Fencing:
         try:
             return self.inner.__enter__()
         except StoreFencedError as exc:
+            self.store.fence(exc.cause)
+            raise StoreFencedError(self.store._fence or exc.cause) from None
+        except StoreBehindSealError as exc:
             self.store.fence(str(exc))
-            raise StoreFencedError(self.store._fence or str(exc)) from None
+            raise
 
     def __exit__(self, *exc: Any) -> Any:
         return self.inner.__exit__(*exc)

@@ -8,15 +8,17 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from pg import Server
+from pg import Server, SocketLink, cluster
 from waiting import returns_within, wait_for
 
 from lifecycle_es import EventStore
 from lifecycle_es.backend import Row
 from lifecycle_es.backends import server_target
 from lifecycle_es.errors import (
+    StoreBehindSealError,
     StoreBusyError,
     StoreError,
+    StoreFencedError,
     StoreIOError,
 )
 from lifecycle_es.events import ReclaimCompleted
@@ -60,7 +62,87 @@ def count(server: Server, schema: str) -> int:
 # --- a reconnect that finds another cluster, or an older copy ------------------------------------------------
 
 
+def test_a_reconnect_to_another_cluster_holding_an_older_copy_fences_writes_and_reads(pg_server: Server,
+                                                                                    schema: str) -> None:
+    link = SocketLink(pg_server)
+    try:
+        with EventStore.open(link.server.url(schema)) as store, cluster() as other:
+            store.append_unchecked("a", [event(1)])
+            restore(other, schema, store.store_id, rows_of(store))  # a copy taken now, restored elsewhere
+            store.append_unchecked("a", [event(2), event(3)])
+            # The address now leads to the other cluster (a failover), and the connection is lost.
+            link.point(other)
+            terminate(pg_server, store)
+            with pytest.raises(StoreFencedError, match="another cluster"):
+                store.append_unchecked("a", [event(2)])
+            assert store.fenced is not None and count(other, schema) == 1
+            with pytest.raises(StoreFencedError):
+                list(store.read())
+            with pytest.raises(StoreFencedError):
+                store.head()
+    finally:
+        link.close()
+
+
+def test_a_reconnect_to_a_copy_whose_last_event_differs_fences(pg_server: Server, schema: str) -> None:
+    # Same cluster, same store id, as many events: but the one this handle committed last is not there.
+    with EventStore.open(pg_server.url(schema)) as store, EventStore.open(pg_server.url(schema + "x")) as other:
+        store.append_unchecked("a", [event(1)])
+        other.append_unchecked("a", [event(1)])
+        store.append_unchecked("a", [event(2)])
+        first = rows_of(store)[0]
+        forged = rows_of(other)[0]
+        restore(pg_server, schema, store.store_id, [first, (2, "b", 1, *forged[3:6], first[7], forged[7])])
+        terminate(pg_server, store)
+        with pytest.raises(StoreBehindSealError):
+            store.append_unchecked("a", [event(3)])
+        assert store.fenced is not None and count(pg_server, schema) == 2
+    pg_server.drop(schema + "x")
+
+
+def test_a_reconnect_that_finds_the_store_gone_fences_and_makes_no_store(pg_server: Server, schema: str) -> None:
+    with EventStore.open(pg_server.url(schema)) as store:
+        store.append_unchecked("a", [event(1)])
+        terminate(pg_server, store)
+        pg_server.drop(schema)
+        with pytest.raises(StoreFencedError) as fenced:
+            store.append_unchecked("a", [event(2)])
+        assert store.fenced is not None and "holds no lifecycle-es store" in store.fenced
+        assert str(fenced.value).count("fenced") == 1  # the cause once, not wrapped in itself
+    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
+        assert conn.execute("SELECT to_regnamespace(%s)", (schema,)).fetchone() == (None,)
+
+
 # --- a store restored under an open connection -----------------------------------------------------------------
+
+
+def test_a_store_restored_behind_what_this_handle_committed_fences_at_the_next_write(pg_server: Server,
+                                                                                    schema: str) -> None:
+    with EventStore.open(pg_server.url(schema)) as store:
+        store.append_unchecked("a", [event(1)])
+        copy = rows_of(store)
+        store.append_unchecked("a", [event(2), event(3)])
+        restore(pg_server, schema, store.store_id, copy)  # the connection stays open throughout
+        with pytest.raises(StoreBehindSealError) as behind:
+            store.append_unchecked("a", [event(2)])
+        assert (behind.value.sealed_seq, behind.value.head_seq) == (3, 1)
+        assert store.fenced is not None and count(pg_server, schema) == 1
+        with pytest.raises(StoreFencedError):
+            store.commit("append", lambda tx: tx.append_unchecked("a", [event(2)]))
+        assert count(pg_server, schema) == 1
+
+
+def test_a_store_rewritten_at_the_seq_this_handle_committed_fences_at_the_next_write(pg_server: Server,
+                                                                                    schema: str) -> None:
+    with EventStore.open(pg_server.url(schema)) as store:
+        store.append_unchecked("a", [event(1)])
+        store.append_unchecked("a", [event(2)])
+        first, second = rows_of(store)
+        forged = (*second[:5], b'{"generation":9}', second[6], bytes(32))
+        restore(pg_server, schema, store.store_id, [first, forged])
+        with pytest.raises(StoreBehindSealError):
+            store.append_unchecked("a", [event(3)])
+        assert store.fenced is not None and count(pg_server, schema) == 2
 
 
 # --- connections the server ended --------------------------------------------------------------------------
