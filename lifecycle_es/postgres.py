@@ -18,7 +18,8 @@ as on SQLite.
 
 The store's identity is its id with the server's system identifier: a handle that reconnects (its
 connection was lost) and finds another store, another cluster, or a log without the last event the handle
-committed or saw (a restore, or a failover that lost commits) is fenced (``postgres_connection``).
+committed or saw (a restore, or a failover that lost commits) is fenced (``postgres_connection``). A read
+outside a transaction whose connection the server had closed reconnects, so checked, and runs once more.
 Followers wait on LISTEN/NOTIFY on a connection of their own, with polling as the fallback.
 """
 
@@ -67,6 +68,7 @@ class PostgresBackend(ServerReadModelTables):
         self._durability = durability
         self._lock_timeout = f"{busy_timeout_ms}ms" if busy_timeout_ms > 0 else "1ms"
         self._writing = False
+        self._reading = False  # inside `read_tx`: a statement that failed there is not run again alone
         # The last event (seq, hash) this handle knows the log holds: committed by it, or read under the write
         # lock or by `head` (see `postgres_connection`); the last its open transaction appended; and why the handle
         # is fenced for good, once a reconnect found another store or one without that event.
@@ -143,14 +145,15 @@ class PostgresBackend(ServerReadModelTables):
     def read_tx(self, action: str) -> Iterator[psycopg.Connection[Any]]:
         """A REPEATABLE READ transaction: one consistent view of the log for several queries."""
         self._live()  # inside a write transaction: the rows it holds back go first, so that reads see them
-        if self._writing:
+        if self._writing or self._reading:
             yield self.conn
             return
-        with translated(action, self.path):
-            self.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        self._once(action, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", fetch=False)
+        self._reading = True
         try:
             yield self.conn
         finally:
+            self._reading = False
             with translated(action, self.path):
                 if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     self.conn.execute("ROLLBACK")
@@ -168,8 +171,27 @@ class PostgresBackend(ServerReadModelTables):
 
     def _rows(self, action: str, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         self._live()
+        if self._writing or self._reading:
+            with translated(action, self.path):
+                return self.conn.execute(query, params).fetchall()
+        return self._once(action, query, params)
+
+    def _once(self, action: str, query: str, params: Sequence[Any] = (), *,
+              fetch: bool = True) -> list[tuple[Any, ...]]:
+        """A statement outside any transaction (its rows, when `fetch`), run once more on a new connection
+        (`file_identity` checks it reaches the same store) when the server had closed this one since its last
+        use: a read, or BEGIN, is safe to repeat."""
+        try:
+            with translated(action, self.path):
+                cursor = self.conn.execute(query, params)
+                return cursor.fetchall() if fetch else []
+        except StoreIOError:
+            if not self._lost():
+                raise
+        self.file_identity()
         with translated(action, self.path):
-            return self.conn.execute(query, params).fetchall()
+            cursor = self.conn.execute(query, params)
+            return cursor.fetchall() if fetch else []
 
     def meta(self, key: str) -> bytes | None:
         """A value of the ``meta`` table."""

@@ -148,6 +148,24 @@ def test_a_store_rewritten_at_the_seq_this_handle_committed_fences_at_the_next_w
 # --- connections the server ended --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_read_after_the_server_ended_an_idle_connection_reconnects(pg_server: Server, schema: str,
+                                                                     read_only: bool) -> None:
+    with EventStore.open(pg_server.url(schema)) as writer:
+        writer.append_unchecked("a", [event(1), event(2)])
+    with EventStore.open(pg_server.url(schema), read_only=read_only) as store:
+        for read in (lambda: store.head().seq, lambda: len(list(store.read())),
+                     lambda: store.stream_version("a"), lambda: store.verify().events):
+            terminate(pg_server, store)
+            assert read() == 2
+        # Inside a read transaction a statement is not run again alone, on another snapshot: the error stands.
+        with pytest.raises(StoreIOError), store.backend.read_tx("read twice"):
+            assert store.head().seq == 2
+            terminate(pg_server, store)
+            store.stream_version("a")
+        assert store.head().seq == 2 and store.fenced is None
+
+
 def test_a_connection_lost_during_commit_fences_saying_so(pg_server: Server, schema: str) -> None:
     with EventStore.open(pg_server.url(schema)) as store:
         with pytest.raises(StoreIOError) as lost, store.transaction() as tx:
