@@ -4,6 +4,7 @@ by other sessions past the busy timeout, and a COMMIT whose connection is lost. 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import psycopg
@@ -207,8 +208,6 @@ def test_a_connection_lost_while_opening_is_a_store_io_error_naming_the_server(p
             except BaseException as exc:  # returned to the test
                 return exc
             return None
-
-        import threading
 
         box: list[BaseException | None] = []
         thread = threading.Thread(target=lambda: box.append(opening()), daemon=True)
