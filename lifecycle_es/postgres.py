@@ -165,6 +165,10 @@ class PostgresBackend(ServerReadModelTables):
         self.conn = conn
         return identity
 
+    def check_files(self) -> None:
+        """Nothing to check apart from a write: `write` reads the store's identity with its lock, and
+        `data_version` reconnects and checks it (a server's store has no files of its own to watch)."""
+
     def schema_problems(self) -> list[str]:
         """How the schema differs from the store's (see `postgres_schema.schema_problems`); empty when exact."""
         with translated("check the store's schema", self.path):

@@ -285,14 +285,15 @@ class EventStore:
         if self._identity_in_write:
             return _Fencing(self, self._backend.write(action, streams))
         try:
-            identity = self._backend.file_identity()
+            self._backend.check_files()  # a file replaced, removed or cut short: a stat per file
         except StoreFencedError as exc:
-            self.fence(str(exc))
-            raise StoreFencedError(self._fence or str(exc)) from None
-        if identity != self._backend.identity:
-            self.fence(f"store file {self.path!r} was replaced underneath this connection")
-            raise StoreFencedError(self._fence)  # type: ignore[arg-type]
+            raise self._fenced_by(exc) from None
         return self._backend.write(action, streams)
+
+    def _fenced_by(self, exc: StoreFencedError) -> StoreFencedError:
+        """Fence the store for `exc`'s cause; the error to raise (its cause the fence's, the first one)."""
+        self.fence(exc.cause)
+        return StoreFencedError(self._fence or exc.cause)
 
     def append(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
                at: str | None = None) -> list[RecordedEvent]:

@@ -552,9 +552,10 @@ class BackendContract:
         assert backend.identity == backend.file_identity()
         self.replace_storage()
         assert backend.file_identity() != backend.identity
-        with pytest.raises(StoreFencedError):
+        with pytest.raises(StoreFencedError) as fenced:
             store.append_unchecked("a", [ReclaimCompleted(generation=2)])
-        assert store.fenced is not None
+        assert store.fenced is not None and store.fenced == fenced.value.cause
+        assert str(fenced.value).count("the store is fenced") == 1
         with pytest.raises(StoreFencedError):  # the fence stays
             store.append_unchecked("a", [ReclaimCompleted(generation=2)])
 
@@ -571,6 +572,9 @@ class BackendContract:
         with pytest.raises(StoreIOError) as caught:
             store.append_unchecked("a", [ReclaimCompleted(generation=1)])
         assert caught.value.outcome_unknown is True and store.fenced is not None
+        # Said as it is, whatever left it unknown (a failed fsync, a connection lost at the commit).
+        assert "outcome unknown" in store.fenced and "reopen the store" in store.fenced
+        assert ("fsync" in store.fenced) == ("fsync" in str(caught.value))
         with pytest.raises(StoreFencedError):
             store.append_unchecked("a", [ReclaimCompleted(generation=2)])
         store.head()  # reads go on
