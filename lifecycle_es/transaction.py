@@ -7,8 +7,8 @@ batch of ``EventStore.commit``'s group commit).
 
 It holds the store's connection lock and the backend's write transaction from its first statement to
 the commit: decisions read state under the lock, then append, all committed together or not at all. A
-commit whose outcome is unknown (a failed fsync, a connection lost at COMMIT) fences the store, so
-nothing is retried onto a log the disk may not hold.
+commit whose outcome is unknown (a failed fsync, a connection lost at COMMIT, the store's files changed
+while it committed) fences the store, so nothing is retried onto a log the disk may not hold.
 """
 
 from __future__ import annotations
