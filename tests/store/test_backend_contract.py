@@ -559,6 +559,17 @@ class BackendContract:
         with pytest.raises(StoreFencedError):  # the fence stays
             store.append_unchecked("a", [ReclaimCompleted(generation=2)])
 
+    def test_check_followed_passes_up_to_the_head_and_names_the_first_seq_gone_past_it(self) -> None:
+        store = store_over(self.connect())
+        store.check_followed(0)
+        store.append_unchecked("a", [ReclaimCompleted(generation=1), ReclaimCompleted(generation=2)])
+        store.check_followed(2)
+        with pytest.raises(IntegrityError) as caught:
+            store.check_followed(4)  # a follower yielded seq 4: the log went back under it
+        assert caught.value.seq == 3 and "went back from seq 4 to 2" in str(caught.value)
+        assert store.fenced is None  # the log's state, not this handle's: it still writes
+        store.append_unchecked("a", [ReclaimCompleted(generation=3)])
+
     # --- commits the storage may not have kept ---------------------------------------------------------
 
     def test_a_commit_of_unknown_outcome_says_so(self) -> None:

@@ -707,6 +707,22 @@ def test_data_version_raises_once_the_store_file_is_replaced(tmp_path: Path) -> 
         assert "replaced" in info.value.cause and str(path) in info.value.cause
 
 
+@pytest.mark.parametrize("change", ["store-replaced", "wal-removed"])
+def test_check_followed_raises_fenced_once_the_files_changed(tmp_path: Path, change: str) -> None:
+    path, other = tmp_path / "events.db", tmp_path / "other.db"
+    make_store(path)
+    make_store(other, events=5)  # a head past the followed one: only the files' identity tells
+    with EventStore.open(path) as store:
+        store.check_followed(3)
+        if change == "store-replaced":
+            os.replace(other, path)
+        else:
+            os.unlink(f"{path}-wal")
+        with raises_exactly(StoreFencedError) as info:
+            store.check_followed(3)
+        assert store.fenced == info.value.cause and "reopen the store" in info.value.cause
+
+
 def test_orphan_wal_is_not_replayed_into_a_new_store(tmp_path: Path) -> None:
     path = tmp_path / "events.db"
     make_store(path)
