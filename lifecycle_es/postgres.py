@@ -376,8 +376,11 @@ class PostgresBackend(ServerReadModelTables):
         return int(count), lowest
 
     def data_version(self) -> int:
-        """The head row's seq: it moves with every append, by any connection."""
-        self.file_identity()
+        """The head row's seq: it moves with every append, by any connection. StoreFencedError when the store
+        under the URL is no longer the one this handle opened (its number would be another log's)."""
+        if self.file_identity() != self.identity:
+            raise StoreFencedError(f"the store in {self.path} was replaced underneath this handle (another store "
+                                   "id, or another cluster): reopen the store")
         rows = self._rows("read head", self._sql.head)
         return int(rows[0][0]) if rows else 0
 

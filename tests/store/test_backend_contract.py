@@ -552,6 +552,8 @@ class BackendContract:
         assert backend.identity == backend.file_identity()
         self.replace_storage()
         assert backend.file_identity() != backend.identity
+        with pytest.raises(StoreFencedError):
+            backend.data_version()  # a follower's poll: never a number of the storage now there
         with pytest.raises(StoreFencedError) as fenced:
             store.append_unchecked("a", [ReclaimCompleted(generation=2)])
         assert store.fenced is not None and store.fenced == fenced.value.cause
