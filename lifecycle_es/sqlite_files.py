@@ -131,8 +131,7 @@ class OpenedFiles:
         side = changed_file(self.sides)
         if side is not None:
             return (f"{side[0]!r} was {side[1]} underneath this connection, which would commit where no other "
-                    "connection looks: reopen the store (closing this one folds its WAL into the store "
-                    "file)"), 0
+                    "connection looks: close this handle and reopen the store"), 0
         return None, info.st_size
 
 
