@@ -173,22 +173,25 @@ class AsyncEventStore:
 
         Each poll reads a page in a thread; between polls the task sleeps on the loop. It ends when the
         caller stops iterating (or cancels the task). Arguments are checked here, as `EventStore.follow`
-        checks them.
+        checks them; a log cut back under it raises IntegrityError, its file replaced StoreFencedError, as
+        there (`EventStore.check_followed`).
         """
         self.store.follow(after=after, poll_interval=poll_interval, stream=stream)  # the checks; never iterated
         return self._follow(after, poll_interval, stream)
 
     async def _follow(self, last: int, poll_interval: float, stream: str | None) -> AsyncIterator[RecordedEvent]:
+        reached = 0  # the highest seq yielded: a head found below it is a log cut back under the follower
         while True:
-            page = await self.run(self._page, last, stream)
+            page = await self.run(self._page, last, stream, reached)
             for recorded in page:
-                last = recorded.seq
+                last = reached = recorded.seq
                 yield recorded
             if len(page) < PAGE_ROWS:
                 await asyncio.sleep(poll_interval)
 
-
-    def _page(self, after: int, stream: str | None) -> list[RecordedEvent]:
+    def _page(self, after: int, stream: str | None, reached: int) -> list[RecordedEvent]:
+        """The next page, once the log is found to hold what was yielded (`EventStore.check_followed`)."""
+        self.store.check_followed(reached)
         return list(self.store.read(after=after, stream=stream, limit=PAGE_ROWS))
 
 

@@ -112,8 +112,15 @@ class Backend(Protocol):
         (StoreFencedError when it is gone)."""
         ...
 
+    def check_files(self) -> None:
+        """StoreFencedError (naming what changed, saying what to do) when the storage this connection uses is
+        no longer what is at the store's path: a file's store checks its files' identities and size before
+        each write transaction begins; a server's store reads its identity with the write lock instead."""
+        ...
+
     def data_version(self) -> int:
-        """A number that changes when another connection commits (followers poll it)."""
+        """A number that changes when another connection commits (followers poll it); StoreFencedError when
+        the storage was replaced underneath (the number would never move again)."""
         ...
 
     def wait(self, timeout: float, stop: threading.Event | None = None) -> None:

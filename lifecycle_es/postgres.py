@@ -125,6 +125,10 @@ class PostgresBackend(ServerReadModelTables):
         """Whether the server closed the connection (a restart, a failover, an administrator)."""
         return self.conn.closed or self.conn.broken
 
+    def check_files(self) -> None:
+        """Nothing to check apart from a write: `write` reads the store's identity with its lock, and
+        `data_version` reconnects and checks it (a server's store has no files of its own to watch)."""
+
     def schema_problems(self) -> list[str]:
         """How the schema differs from the store's (see `postgres_schema.schema_problems`); empty when exact."""
         with translated("check the store's schema", self.path):
@@ -357,8 +361,11 @@ class PostgresBackend(ServerReadModelTables):
         return int(count), lowest
 
     def data_version(self) -> int:
-        """The head row's seq: it moves with every append, by any connection."""
-        self.file_identity()
+        """The head row's seq: it moves with every append, by any connection. StoreFencedError when the store
+        under the URL is no longer the one this handle opened (its number would be another log's)."""
+        if self.file_identity() != self.identity:
+            raise StoreFencedError(f"the store in {self.path} was replaced underneath this handle (another store "
+                                   "id, or another cluster): reopen the store")
         rows = self._rows("read head", self._sql.head)
         return int(rows[0][0]) if rows else 0
 

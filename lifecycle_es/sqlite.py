@@ -27,7 +27,7 @@ import apsw
 from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, HostLeaseRow, Row, Tail, paged, stream_paged
 from .errors import IntegrityError, StoreFencedError, StoreFormatError, StoreIOError
 from .sqlite_errors import translated
-from .sqlite_files import ROW_COLUMNS, check_path, create_file, read_only_fs
+from .sqlite_files import ROW_COLUMNS, OpenedFiles, check_path, create_file, read_only_fs
 from .sqlite_profile import _expect, _pragma, apply_profile, apply_read_profile, set_busy_timeout
 from .sqlite_read_models import ReadModelTables
 from .sqlite_savepoint import SqliteSavepoint
@@ -104,7 +104,12 @@ class SqliteBackend(ReadModelTables):
         except BaseException:
             self.conn.close()
             raise
-        self.identity = self.file_identity()
+        try:
+            self.files = OpenedFiles(path)
+        except OSError as exc:
+            self.conn.close()
+            raise StoreIOError(f"open {path!r}: {exc.strerror}") from exc
+        self.identity = self.files.identity
 
     def _connect(self, path: str, vfs: str | None, read_only: bool) -> apsw.Connection:
         """Open the connection: read-write, or for a `read_only` store SQLITE_OPEN_READONLY.
@@ -150,6 +155,13 @@ class SqliteBackend(ReadModelTables):
         except OSError as exc:
             raise StoreFencedError(f"store file {self.path!r} is gone ({exc.strerror})") from exc
         return (info.st_dev, info.st_ino)
+
+    def check_files(self) -> None:
+        """StoreFencedError when the files at the store's path are no longer the ones this connection opened
+        (see `sqlite_files.OpenedFiles`): its cause names the file and says what to do."""
+        cause = self.files.changed()
+        if cause is not None:
+            raise StoreFencedError(cause)
 
     # --- transactions -------------------------------------------------------------------------------
 
@@ -376,7 +388,9 @@ class SqliteBackend(ReadModelTables):
         return [row[0] for row in self._select("list streams", "DISTINCT stream", "ORDER BY stream")]
 
     def data_version(self) -> int:
-        """SQLite's data_version: changes when another connection commits."""
+        """SQLite's data_version: changes when another connection commits. StoreFencedError when the files are
+        not the ones opened (`check_files`): this connection's number would never move again."""
+        self.check_files()
         with translated("read data_version"):
             return int(_pragma(self.conn, "data_version"))
 

@@ -1,8 +1,15 @@
-"""The SQLite backend's files: what may be opened as a store, and how a new store file is born.
+"""The SQLite backend's files: what may be opened as a store, how a new store file is born, and whether the
+files an open connection uses are still the ones at the store's path.
 
 A store file must be a regular file (never a link, a directory or a device). A new one is built under
 a temporary name, already in WAL mode with its whole schema, fsynced, and linked into place, so no one
 ever sees a half-made store; an orphaned ``-wal`` (of a store removed while in use) refuses creation.
+
+A connection keeps the store file, its WAL (``-wal``) and the WAL's index (``-shm``) open by descriptor.
+Another process that removes or replaces one of them at the path (a restore, a cleanup, a copy) leaves the
+connection on files no one else opens: its commits would land in a WAL no other connection reads (lost
+when the process dies) or be indexed where no other writer looks. `OpenedFiles` notices, with one
+``os.stat`` per file, and so does a store file cut short below the size it had at the last commit.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import apsw
 
@@ -44,6 +51,88 @@ def check_path(path: str) -> bool:
     if info.st_size == 0:
         raise StoreFormatError(f"store file {path!r} is empty: not a lifecycle-es store")
     return True
+
+
+FileId = tuple[int, int]
+"""A file's (device, inode): which file a path names, whatever it holds."""
+
+
+def side_files(path: str) -> tuple[str, str]:
+    """The side files of the store file at `path`: its WAL and the WAL's index."""
+    return (f"{path}-wal", f"{path}-shm")
+
+
+def file_id(path: str) -> FileId | None:
+    """The (device, inode) of the file at `path` now, or None when there is none."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+def changed_file(recorded: Sequence[tuple[str, FileId | None]]) -> tuple[str, str] | None:
+    """The first of the (path, identity) pairs in `recorded` whose file is no longer that one, with how
+    (``"removed"`` or ``"replaced"``); None when each still is. A path recorded with no file is not watched."""
+    for path, identity in recorded:
+        if identity is None:
+            continue
+        try:
+            now = file_id(path)
+        except OSError:
+            now = None  # unreadable now: it is not the file the connection has open, as far as anyone can tell
+        if now != identity:
+            return path, "removed" if now is None else "replaced"
+    return None
+
+
+class OpenedFiles:
+    """The store file and its side files as a connection opened them, and the store file's size at the last
+    commit: `changed` says when the files at the path are no longer those (one ``os.stat`` per file)."""
+
+    __slots__ = ("identity", "path", "sides", "size")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        info = os.stat(path)
+        self.identity: FileId = (info.st_dev, info.st_ino)
+        self.size = info.st_size
+        # Recorded once the connection has read: SQLite opens (and creates) both then. One missing (an
+        # immutable read-only open, which uses neither) is not watched.
+        self.sides = [(side, file_id(side)) for side in side_files(path)]
+
+    def changed(self) -> str | None:
+        """Why the files at the store's path are not the ones the connection opened, naming the file and
+        what to do, or None: the store file gone, replaced or shorter than at the last commit, or a side
+        file removed or replaced."""
+        return self._check()[0]
+
+    def committed(self) -> str | None:
+        """After a commit: `changed`, and when nothing did, the store file's size now is the least it may have."""
+        cause, size = self._check()
+        if cause is None and size > self.size:
+            self.size = size
+        return cause
+
+    def _check(self) -> tuple[str | None, int]:
+        path = self.path
+        try:
+            info = os.stat(path)
+        except OSError as exc:
+            return (f"store file {path!r} is gone ({exc.strerror}): reopen the store (a new file there starts "
+                    "empty)"), 0
+        if (info.st_dev, info.st_ino) != self.identity:
+            return (f"store file {path!r} was replaced underneath this connection, which still has the old one "
+                    "open: reopen the store to use the file now at that path"), 0
+        if info.st_size < self.size:
+            return (f"store file {path!r} was cut short underneath this connection ({info.st_size:,} bytes, "
+                    f"{self.size:,} at its last commit), so events it held may be gone: audit it (lifecycle-es "
+                    "audit) and restore it from a good copy before you reopen the store"), 0
+        side = changed_file(self.sides)
+        if side is not None:
+            return (f"{side[0]!r} was {side[1]} underneath this connection, which would commit where no other "
+                    "connection looks: close this handle and reopen the store"), 0
+        return None, info.st_size
 
 
 def create_file(path: str, vfs: str | None, *, store_id: bytes | None = None, key_id: str | None = None,

@@ -158,14 +158,16 @@ class SqliteTransaction:
     """`SqliteBackend.write`: BEGIN IMMEDIATE, then COMMIT, or ROLLBACK when the block raised.
 
     A class rather than a generator for the same reason as `translated`. A failed fsync at COMMIT
-    leaves the commit's outcome unknown: that is a StoreIOError with ``outcome_unknown`` set.
+    leaves the commit's outcome unknown: that is a StoreIOError with ``outcome_unknown`` set; so are the
+    store's files found changed right after COMMIT (`sqlite_files.OpenedFiles.committed`).
     """
 
-    __slots__ = ("action", "conn", "end")
+    __slots__ = ("action", "conn", "end", "files")
 
     def __init__(self, backend: SqliteBackend, action: str) -> None:
         self.conn = backend.conn
         self.end = backend.log_end
+        self.files = backend.files
         self.action = action
 
     def __enter__(self) -> apsw.Connection:
@@ -206,4 +208,11 @@ class SqliteTransaction:
                 raise translation(self.action, error) from error
             raise
         end.ended(committed=True)
+        changed = self.files.committed()
+        if changed is not None:
+            # Changed during the transaction: the commit went to the files this connection has open, which
+            # may no longer be the store's (a WAL no one else reads, a file renamed away).
+            end.forget()
+            raise StoreIOError(f"{self.action}: the store's files changed while it committed, so whether the store "
+                               f"holds the commit is unknown: {changed}", outcome_unknown=True)
         return False

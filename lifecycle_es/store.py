@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from . import chain, forked
+from . import chain, following, forked
 from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, HostLeaseRow, Row
 from .backends import is_url, open_backend
 from .canonical import MAX_EPOCH_MS, canonical_ms, iso_ms, timestamp
@@ -285,14 +285,15 @@ class EventStore:
         if self._identity_in_write:
             return _Fencing(self, self._backend.write(action, streams))
         try:
-            identity = self._backend.file_identity()
+            self._backend.check_files()  # a file replaced, removed or cut short: a stat per file
         except StoreFencedError as exc:
-            self.fence(str(exc))
-            raise StoreFencedError(self._fence or str(exc)) from None
-        if identity != self._backend.identity:
-            self.fence(f"store file {self.path!r} was replaced underneath this connection")
-            raise StoreFencedError(self._fence)  # type: ignore[arg-type]
+            raise self._fenced_by(exc) from None
         return self._backend.write(action, streams)
+
+    def _fenced_by(self, exc: StoreFencedError) -> StoreFencedError:
+        """Fence the store for `exc`'s cause; the error to raise (its cause the fence's, the first one)."""
+        self.fence(exc.cause)
+        return StoreFencedError(self._fence or exc.cause)
 
     def append(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
                at: str | None = None) -> list[RecordedEvent]:
@@ -458,34 +459,26 @@ class EventStore:
         row: one cheap read per poll); the log is only read when it moved. Between polls it waits up to
         `poll_interval` (on a server, woken at once by an append's NOTIFY). Stops when `stop` is set, or
         when the caller stops iterating. A log cut back under the follower (its head found below a seq it
-        yielded: rows deleted, an older copy put back) raises IntegrityError at the first seq gone.
+        yielded: rows deleted, an older copy put back) raises IntegrityError at the first seq gone, and the
+        store's files replaced underneath raise StoreFencedError (see `check_followed`).
         """
         if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not (
                 0 < poll_interval <= 3600):
             raise InvalidInputError("poll_interval", f"poll_interval is invalid: {poll_interval!r} (0 < s <= 3600)")
         if stream is not None:
             safe_id(stream, "stream")
-        return self._follow(safe_int(after, "after"), poll_interval, stream, stop)
+        return following.follow_log(self, safe_int(after, "after"), poll_interval, stream, stop)
 
-    def _follow(self, last: int, poll_interval: float, stream: str | None,
-                stop: threading.Event | None) -> Iterator[RecordedEvent]:
-        seen: tuple[int, int] | None = None
-        reached = 0  # the highest seq yielded: a head found below it is a log cut back under the follower
-        while stop is None or not stop.is_set():
-            with self._lock:
-                marker = (self._backend.data_version(), self._local_commits)
-            if marker != seen:
-                seen = marker
-                for recorded in self.read(after=last, stream=stream):
-                    last = reached = recorded.seq
-                    yield recorded
-                head = self.head().seq if reached else reached
-                if head < reached:
-                    raise IntegrityError(head + 1, f"the log's head went back from seq {reached} to {head} while it "
-                                                   "was followed: events were deleted, or the store was replaced by "
-                                                   "an older copy (audit it)")
-                continue
-            self._backend.wait(poll_interval, stop)
+    def check_followed(self, reached: int) -> None:
+        """Check that the log still holds what a follower has yielded, up to seq `reached`.
+
+        Raises IntegrityError if the log's head is now below `reached` (events deleted, an older copy put
+        back), naming the first seq gone; StoreFencedError if the store's files changed underneath this handle
+        (replaced, removed or cut short: it would go on reading a file no one writes), fencing the store.
+        `follow` calls it after each read; so does any follower of its own (the ``aio`` one). On a server the
+        head's query is the check.
+        """
+        following.check_followed(self, safe_int(reached, "reached"))
 
     # --- proving -------------------------------------------------------------------------------------
 

@@ -7,8 +7,8 @@ batch of ``EventStore.commit``'s group commit).
 
 It holds the store's connection lock and the backend's write transaction from its first statement to
 the commit: decisions read state under the lock, then append, all committed together or not at all. A
-commit whose outcome is unknown (a failed fsync) fences the store, so nothing is retried onto a log
-the disk may not hold.
+commit whose outcome is unknown (a failed fsync, a connection lost at COMMIT, the store's files changed
+while it committed) fences the store, so nothing is retried onto a log the disk may not hold.
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ class _Fencing:
         try:
             return self.inner.__enter__()
         except StoreFencedError as exc:
-            self.store.fence(exc.cause)
-            raise StoreFencedError(self.store._fence or exc.cause) from None
+            raise self.store._fenced_by(exc) from None
         except StoreBehindSealError as exc:
             self.store.fence(str(exc))
             raise
@@ -89,7 +88,7 @@ class WriteTransaction:
         except StoreIOError as error:
             if error.outcome_unknown:
                 # A retry could append the same facts twice, or chain onto a batch the disk lost.
-                store.fence(f"whether a commit landed is unknown ({error}): reopen the store to learn")
+                store.fence(f"commit outcome unknown ({error}): reopen the store to learn whether it landed")
             raise
         finally:
             if not committed:

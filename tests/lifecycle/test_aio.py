@@ -11,14 +11,24 @@ fewer batches than commands.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 from holding import Held
 
-from lifecycle_es import EventStore, InvalidInputError, RecordedEvent, StaleFenceError, StoreError
+from lifecycle_es import (
+    EventStore,
+    IntegrityError,
+    InvalidInputError,
+    RecordedEvent,
+    StaleFenceError,
+    StoreError,
+    StoreFencedError,
+)
 from lifecycle_es.aio import AsyncEventStore, AsyncRunnerLifecycle
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import ReclaimCompleted
@@ -223,5 +233,51 @@ def test_a_cancelled_command_commits_once_in_a_thread_and_never_runs_while_it_wa
             await until(lambda: group.queued == 0 and group.commands == 3)  # the gate's, then the two queued
             await store.run(held.release)
             assert await store.streams() == ["stream-0", "stream-1"]
+
+    asyncio.run(main())
+
+
+def cut_back(path: Path) -> None:
+    """The rows after seq 2 deleted, as an older copy put back would leave the log."""
+    conn = apsw.Connection(str(path))
+    try:
+        conn.set_busy_timeout(5000)
+        conn.execute("DROP TRIGGER events_no_delete")
+        conn.execute("DELETE FROM events WHERE seq > 2")
+    finally:
+        conn.close()
+
+
+def replace_file(path: Path) -> None:
+    """Another store's file renamed over the followed one."""
+    other = path.with_name("other.db")
+    EventStore.open(other).close()
+    os.replace(other, path)
+
+
+@pytest.mark.parametrize(("change", "expected"), [(cut_back, IntegrityError), (replace_file, StoreFencedError)],
+                         ids=["log-cut-back", "file-replaced"])
+def test_follow_raises_when_the_log_is_cut_back_or_its_file_replaced(
+        tmp_path: Path, change: Any, expected: type[Exception]) -> None:
+    # As `EventStore.follow` does (through `EventStore.check_followed`), never waiting on for ever.
+    async def main() -> None:
+        path = tmp_path / "events.db"
+        async with await AsyncEventStore.open(path) as store:
+            for generation in range(1, 5):
+                await store.append_unchecked("x", [ReclaimCompleted(generation=generation)])
+            seen: list[int] = []
+
+            async def follow() -> None:
+                async for event in store.follow(poll_interval=0.001):
+                    seen.append(event.seq)
+                    if event.seq == 4:
+                        change(path)
+
+            with pytest.raises(expected) as caught:
+                async with asyncio.timeout(GUARD_S):
+                    await follow()
+            assert seen == [1, 2, 3, 4]
+            if isinstance(caught.value, IntegrityError):
+                assert caught.value.seq == 3 and "went back from seq 4 to 2" in str(caught.value)
 
     asyncio.run(main())

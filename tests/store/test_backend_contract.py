@@ -553,10 +553,24 @@ class BackendContract:
         self.replace_storage()
         assert backend.file_identity() != backend.identity
         with pytest.raises(StoreFencedError):
+            backend.data_version()  # a follower's poll: never a number of the storage now there
+        with pytest.raises(StoreFencedError) as fenced:
             store.append_unchecked("a", [ReclaimCompleted(generation=2)])
-        assert store.fenced is not None
+        assert store.fenced is not None and store.fenced == fenced.value.cause
+        assert str(fenced.value).count("the store is fenced") == 1
         with pytest.raises(StoreFencedError):  # the fence stays
             store.append_unchecked("a", [ReclaimCompleted(generation=2)])
+
+    def test_check_followed_passes_up_to_the_head_and_names_the_first_seq_gone_past_it(self) -> None:
+        store = store_over(self.connect())
+        store.check_followed(0)
+        store.append_unchecked("a", [ReclaimCompleted(generation=1), ReclaimCompleted(generation=2)])
+        store.check_followed(2)
+        with pytest.raises(IntegrityError) as caught:
+            store.check_followed(4)  # a follower yielded seq 4: the log went back under it
+        assert caught.value.seq == 3 and "went back from seq 4 to 2" in str(caught.value)
+        assert store.fenced is None  # the log's state, not this handle's: it still writes
+        store.append_unchecked("a", [ReclaimCompleted(generation=3)])
 
     # --- commits the storage may not have kept ---------------------------------------------------------
 
@@ -571,6 +585,9 @@ class BackendContract:
         with pytest.raises(StoreIOError) as caught:
             store.append_unchecked("a", [ReclaimCompleted(generation=1)])
         assert caught.value.outcome_unknown is True and store.fenced is not None
+        # Said as it is, whatever left it unknown (a failed fsync, a connection lost at the commit).
+        assert "outcome unknown" in store.fenced and "reopen the store" in store.fenced
+        assert ("fsync" in store.fenced) == ("fsync" in str(caught.value))
         with pytest.raises(StoreFencedError):
             store.append_unchecked("a", [ReclaimCompleted(generation=2)])
         store.head()  # reads go on

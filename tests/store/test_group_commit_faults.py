@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
 from faultvfs import FaultVFS
 from holding import Held
+from waiting import wait_for
 
 import projections
 from lifecycle_es import (
@@ -214,3 +217,73 @@ def test_a_command_that_catches_the_full_disk_and_goes_on_loses_its_batch_whole(
     with EventStore.open(path) as reopened:
         assert len(rows(reopened)) == len(before) + 1
         reopened.verify()
+
+
+def swap_store_file(path: Path) -> None:
+    """Put another store's file at `path` (a restore's rename), the open one's side files left as they were."""
+    other = path.with_name("other.db")
+    EventStore.open(other).close()
+    os.replace(other, path)
+
+
+def remove_side_files(path: Path) -> None:
+    for suffix in ("-wal", "-shm"):
+        os.unlink(f"{path}{suffix}")
+
+
+@pytest.mark.parametrize("change", [swap_store_file, remove_side_files], ids=["store-file-renamed-over",
+                                                                               "side-files-removed"])
+def test_files_changed_during_a_batch_fail_every_command_with_outcome_unknown_and_fence(
+        path: Path, tmp_path: Path, change: Any) -> None:
+    with EventStore.open(path, now=FakeClock()) as store:
+        a, b = handle(store, tmp_path, "runner-a"), handle(store, tmp_path, "runner-b")
+        held = Held(store)
+        held.queue("a", lambda: a.request_drain(expected_generation=1))
+        # Inside the batch, after its BEGIN: the check made before it passed, and the commit goes where it goes.
+        held.queue("change", lambda: store.commit("change", lambda tx: change(path)))
+        held.queue("b", lambda: b.request_drain(expected_generation=1))
+        outcomes = held.release()
+        errors = [outcomes[name] for name in ("a", "change", "b")]
+        assert all(type(error) is StoreIOError and error.outcome_unknown for error in errors), outcomes
+        assert len({id(error) for error in errors}) == 3  # each caller raises its own
+        cause = store.fenced
+        assert cause is not None and "outcome unknown" in cause and "fsync" not in cause
+        assert str(path) in cause and "reopen the store" in cause
+        with pytest.raises(StoreFencedError) as fenced:
+            a.request_drain(expected_generation=1)
+        assert str(fenced.value).count("the store is fenced") == 1
+
+
+def test_sixteen_threads_committing_while_the_store_file_is_renamed_over_none_acknowledged_is_lost(
+        path: Path) -> None:
+    # A command begun after the rename that is acknowledged must be in the file now at the path: none is,
+    # since each is refused (fenced) or fails with its outcome unknown.
+    acknowledged: list[tuple[str, int]] = []
+    refused: list[BaseException] = []
+    swapped = threading.Event()
+    with EventStore.open(path) as store:
+        def writer(name: str) -> None:
+            for generation in range(1, 10_000):
+                # Begun after the rename: its batch begins after it too, so it must commit to the file there now.
+                after = swapped.is_set()
+                try:
+                    store.append_unchecked(name, [ReclaimCompleted(generation=generation)])
+                except (StoreFencedError, StoreIOError) as exc:
+                    refused.append(exc)
+                    return
+                if after:
+                    acknowledged.append((name, generation))
+
+        threads = [threading.Thread(target=writer, args=(f"w-{n}",)) for n in range(16)]
+        for thread in threads:
+            thread.start()
+        assert wait_for(lambda: store.group_commit.commands > 200)
+        swap_store_file(path)
+        swapped.set()
+        for thread in threads:
+            thread.join(60)
+            assert not thread.is_alive()
+        assert store.fenced is not None and len(refused) == 16
+    with EventStore.open(path) as reopened:
+        held = {(recorded.stream, recorded.version) for recorded in reopened.read()}
+    assert [ack for ack in acknowledged if ack not in held] == []

@@ -88,3 +88,47 @@ def test_sigkilled_writer_loses_nothing_acknowledged(tmp_path: Path) -> None:
             assert len(mine) >= sum(1 for r, _ in acknowledged.values() if r == round_)
     # Not vacuous: rounds that waited for acknowledgements (3 in 4 of them, at random) got them in.
     assert some_acknowledged >= 3, f"seed {seed}: too few rounds committed anything before the kill"
+
+
+def test_sigkilled_group_commit_of_sixteen_threads_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    # Sixteen threads of one process commit through its group commit, in batches; the process is killed
+    # while batches are in flight. Every append a thread printed (returned to it) is in the log, at its seq.
+    path = tmp_path / "threads.db"
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    acknowledged: dict[int, tuple[str, int]] = {}
+    for round_ in range(4):
+        proc = subprocess.Popen([sys.executable, WRITER, "threads", str(path), str(round_)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stderr is not None
+        guard = threading.Timer(GUARD_S, proc.kill)
+        guard.start()
+        lines: list[str] = []
+        try:
+            wanted = rng.choice([1, 16, 100, 400])
+            for line in proc.stdout:
+                lines.append(line)
+                if len(lines) > wanted:  # the first line is "ready"
+                    break
+            time.sleep(rng.uniform(0, 0.01))  # and a little more: the kill lands in a batch as often as not
+            os.kill(proc.pid, signal.SIGKILL)
+            output = "".join(lines) + proc.stdout.read()
+            errors = proc.stderr.read()
+        finally:
+            guard.cancel()
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+        assert proc.returncode == -signal.SIGKILL, f"the writer ended by itself ({proc.returncode}): {errors}"
+        acks = [line.split() for line in output.splitlines(keepends=True) if line.endswith("\n") and line != "ready\n"]
+        assert len(acks) >= wanted, f"seed {seed}: {errors}"
+        for seq, stream, i in acks:
+            acknowledged[int(seq)] = (stream, int(i))
+        with EventStore.open(path) as store:
+            report = store.verify()
+            for seq, (stream, i) in acknowledged.items():
+                recorded = store.event_at(seq)
+                assert recorded is not None, f"seed {seed}: acknowledged seq {seq} is past the head {report.head.seq}"
+                assert (recorded.stream, recorded.version) == (stream, i), f"seed {seed}"
+                assert recorded.event == ReclaimCompleted(generation=i), f"seed {seed}"

@@ -585,6 +585,144 @@ def test_file_removed_underneath_fences_and_a_new_store_there_starts_clean(tmp_p
         assert store.verify().events == 1
 
 
+def test_a_fence_for_a_file_gone_names_its_cause_once(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    with EventStore.open(path) as store:
+        os.unlink(path)
+        for _ in range(2):
+            with raises_exactly(StoreFencedError) as info:
+                store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+            assert str(info.value) == f"the store is fenced: {info.value.cause}"
+            assert info.value.cause == store.fenced and "is gone" in store.fenced
+            assert not store.fenced.startswith("the store is fenced")
+
+
+def replace_side_file(side: Path, how: str) -> None:
+    """Remove `side`, or put a copy of it in its place (the same bytes under another inode)."""
+    kept = side.read_bytes()
+    os.unlink(side)
+    if how == "replaced":
+        side.write_bytes(kept)
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+def test_a_side_file_removed_or_replaced_underneath_fences_the_store(tmp_path: Path, suffix: str, how: str) -> None:
+    # Its WAL or the WAL's index gone from under the connection: a commit would land in a file no other
+    # connection reads (lost when this process dies), or be indexed where no other writer looks.
+    path = tmp_path / "events.db"
+    make_store(path)
+    with EventStore.open(path) as store:
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+        replace_side_file(Path(f"{path}{suffix}"), how)
+        before = file_digests(path)
+        with raises_exactly(StoreFencedError) as info:
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=5)])
+        cause = info.value.cause
+        assert f"{path}{suffix}" in cause and how in cause and "reopen the store" in cause
+        assert store.fenced == cause and str(info.value).count("the store is fenced") == 1
+        assert file_digests(path) == before  # the refused write appended nothing
+        with raises_exactly(StoreFencedError):
+            store.transaction().__enter__()
+        with raises_exactly(StoreFencedError):
+            store.backend.data_version()  # a follower's poll says so too, not a number that never moves
+        assert store.head().seq == 4  # reads go on
+
+
+def test_a_wal_removed_under_a_writer_that_then_dies_loses_no_acknowledged_write(tmp_path: Path) -> None:
+    # A real process: its WAL unlinked by someone else, it appends and is SIGKILLed. Whatever it
+    # acknowledged after that must be in the file another process opens.
+    path = tmp_path / "events.db"
+    make_store(path)
+    code = ("import os, signal, sys\n"
+            "from lifecycle_es import EventStore, StoreFencedError\n"
+            "from lifecycle_es.events import ReclaimCompleted\n"
+            f"store = EventStore.open({str(path)!r})\n"
+            "store.head()\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "try:\n"
+            "    store.append_unchecked('runner-1', [ReclaimCompleted(generation=4)])\n"
+            "    print('acknowledged', flush=True)\n"
+            "except StoreFencedError:\n"
+            "    print('fenced', flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert child.stdout.readline() == "ready\n"
+        os.unlink(f"{path}-wal")
+        child.stdin.write("\n")
+        child.stdin.flush()
+        said = child.stdout.readline()
+    finally:
+        child.kill()
+        child.wait()
+    with EventStore.open(path) as store:
+        if said == "acknowledged\n":
+            assert store.head().seq == 4, "an acknowledged append was lost with the removed WAL"
+        assert said == "fenced\n"
+        assert store.head().seq == 3 and store.verify().events == 3
+
+
+def test_a_store_file_cut_short_underneath_fences_the_store(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    make_store(path)
+    with EventStore.open(path) as store:
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+        size = path.stat().st_size
+        assert size > 4096
+        os.truncate(path, 4096)  # below the size it had at its last commit: pages of the log are gone
+        before = file_digests(path)
+        with raises_exactly(StoreFencedError) as info:
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=5)])
+        cause = info.value.cause
+        assert str(path) in cause and f"{size:,}" in cause and "4,096" in cause and store.fenced == cause
+        assert file_digests(path) == before
+
+
+def test_a_store_file_that_grows_under_another_writer_is_no_fence(tmp_path: Path) -> None:
+    # Another process's checkpoints grow the file; only a file shorter than at this handle's last commit fences.
+    path = tmp_path / "events.db"
+    make_store(path)
+    with EventStore.open(path) as store, EventStore.open(path) as other:
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+        for generation in range(5, 400):
+            other.append_unchecked("runner-2", [RunnerParked(cause="drain-idle", generation=generation)])
+        other.backend.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # type: ignore[attr-defined]
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=5)])
+        assert store.fenced is None and store.verify().events == 400
+
+
+def test_data_version_raises_once_the_store_file_is_replaced(tmp_path: Path) -> None:
+    path, other = tmp_path / "events.db", tmp_path / "other.db"
+    make_store(path)
+    make_store(other, events=1)
+    with EventStore.open(path) as store:
+        store.backend.data_version()
+        os.replace(other, path)
+        with raises_exactly(StoreFencedError) as info:
+            store.backend.data_version()
+        assert "replaced" in info.value.cause and str(path) in info.value.cause
+
+
+@pytest.mark.parametrize("change", ["store-replaced", "wal-removed"])
+def test_check_followed_raises_fenced_once_the_files_changed(tmp_path: Path, change: str) -> None:
+    path, other = tmp_path / "events.db", tmp_path / "other.db"
+    make_store(path)
+    make_store(other, events=5)  # a head past the followed one: only the files' identity tells
+    with EventStore.open(path) as store:
+        store.check_followed(3)
+        if change == "store-replaced":
+            os.replace(other, path)
+        else:
+            os.unlink(f"{path}-wal")
+        with raises_exactly(StoreFencedError) as info:
+            store.check_followed(3)
+        assert store.fenced == info.value.cause and "reopen the store" in info.value.cause
+
+
 def test_orphan_wal_is_not_replayed_into_a_new_store(tmp_path: Path) -> None:
     path = tmp_path / "events.db"
     make_store(path)

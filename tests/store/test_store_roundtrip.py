@@ -9,6 +9,7 @@ the paging cases run against a file and against a schema on a PostgreSQL server.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -21,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from pg import Server
 from targets import Places, raw_sql
 
-from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError
+from lifecycle_es import ConcurrencyError, EventStore, IntegrityError, InvalidInputError, StoreFencedError
 from lifecycle_es import store as store_module
 from lifecycle_es.backend import MAX_EVENT_BYTES, PAGE_BYTES
 from lifecycle_es.backends import is_url
@@ -483,3 +484,27 @@ def test_follow_raises_when_the_log_is_cut_back_under_it(tmp_path: Any, stream: 
         assert cut.value.seq == 3
         # A page read before the cut is yielded whole (up to seq 6): the cut is met at the next poll.
         assert seen == ([1, 2, 3, 4, 5, 6] if stream is None else [1, 3, 5])
+
+
+def test_follow_raises_fenced_when_the_file_it_follows_is_replaced(tmp_path: Any) -> None:
+    # Its connection would go on reading the file it opened, which no one writes any more: a follower
+    # that waited on it would wait for ever, never seeing what is appended to the file now at the path.
+    path, other = str(tmp_path / "followed.db"), str(tmp_path / "other.db")
+    with EventStore.open(other) as elsewhere:
+        elsewhere.append_unchecked("z", [ReclaimCompleted(generation=1)])
+    with EventStore.open(path) as store:
+        six_events(store)
+        stop = threading.Event()
+        timer = guarded(stop)
+        seen: list[int] = []
+        try:
+            with pytest.raises(StoreFencedError) as fenced:
+                for recorded in store.follow(poll_interval=0.01, stop=stop):
+                    seen.append(recorded.seq)
+                    if recorded.seq == 6:
+                        os.replace(other, path)
+        finally:
+            timer.cancel()
+        assert seen == [1, 2, 3, 4, 5, 6]
+        assert "replaced" in fenced.value.cause and "reopen the store" in fenced.value.cause
+        assert store.fenced == fenced.value.cause

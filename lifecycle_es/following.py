@@ -1,0 +1,63 @@
+"""Following the log as it grows: `EventStore.follow`'s loop, and the check each follower makes that the
+log still holds what it yielded (`EventStore.check_followed`, which the ``aio`` follower makes too).
+
+    for recorded in store.follow(after=seq, stop=stop):    # IntegrityError, StoreFencedError: see below
+        ...
+
+A follower reads through the connection its store opened. Two things can leave it reading a log that is
+not the store's any more, and each raises instead of waiting for ever or yielding twice: the log cut back
+under it (its head found below a seq it yielded: rows deleted, an older copy put back) is IntegrityError
+at the first seq gone; the store's files replaced, removed or cut short underneath (its connection would
+go on reading a file no one writes) is StoreFencedError, and fences the store.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .errors import IntegrityError, StoreFencedError
+from .log import RecordedEvent
+
+if TYPE_CHECKING:
+    from .store import EventStore
+
+
+def follow_log(store: EventStore, last: int, poll_interval: float, stream: str | None,
+               stop: threading.Event | None) -> Iterator[RecordedEvent]:
+    """`EventStore.follow`'s events (its arguments checked there): read whenever the backend's data version or
+    this handle's own commits moved, checked with `check_followed` after each read."""
+    backend = store.backend
+    seen: tuple[int, int] | None = None
+    reached = 0  # the highest seq yielded: a head found below it is a log cut back under the follower
+    while stop is None or not stop.is_set():
+        try:
+            with store.lock:
+                marker = (backend.data_version(), store._local_commits)
+        except StoreFencedError as exc:  # the files replaced: the number would never move again
+            raise store._fenced_by(exc) from None
+        if marker != seen:
+            seen = marker
+            for recorded in store.read(after=last, stream=stream):
+                last = reached = recorded.seq
+                yield recorded
+            check_followed(store, reached)
+            continue
+        backend.wait(poll_interval, stop)
+
+
+def check_followed(store: EventStore, reached: int) -> None:
+    """`EventStore.check_followed` (`reached` checked there): the files first, then the head, when anything
+    was yielded (a follower that yielded nothing has nothing to lose)."""
+    backend = store.backend
+    with store.lock:
+        try:
+            backend.check_files()
+        except StoreFencedError as exc:
+            raise store._fenced_by(exc) from None
+        head = backend.head()[0] if reached else 0
+    if head < reached:
+        raise IntegrityError(head + 1, f"the log's head went back from seq {reached} to {head} while it was "
+                                       "followed: events were deleted, or the store was replaced by an older "
+                                       "copy (audit it)")
