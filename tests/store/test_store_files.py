@@ -630,6 +630,34 @@ def test_a_side_file_removed_or_replaced_underneath_fences_the_store(tmp_path: P
         assert store.head().seq == 4  # reads go on
 
 
+@pytest.mark.parametrize("read_only", [False, True])
+def test_other_processes_opening_and_closing_the_store_never_fence_a_long_lived_handle(tmp_path: Path,
+                                                                                    read_only: bool) -> None:
+    # SQLite removes the -wal and -shm when the last connection closes; a handle open in another process holds
+    # its shared lock on the file the whole time, so a process that opens, writes and closes is never the last.
+    path = tmp_path / "events.db"
+    make_store(path)
+    code = ("import sys\n"
+            "from lifecycle_es import EventStore\n"
+            "from lifecycle_es.events import ReclaimCompleted\n"
+            "with EventStore.open(sys.argv[1], read_only=sys.argv[2] == 'ro') as store:\n"
+            "    if sys.argv[2] == 'rw':\n"
+            "        store.append_unchecked('runner-2', [ReclaimCompleted(generation=1)])\n"
+            "    store.head()\n")
+    with EventStore.open(path, read_only=read_only) as store:
+        store.head()
+        sides = [os.stat(f"{path}{suffix}").st_ino for suffix in ("-wal", "-shm")]
+        for mode in ("rw", "ro", "rw"):
+            subprocess.run([sys.executable, "-c", code, str(path), mode], check=True)
+            if not read_only:
+                store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+            store.backend.data_version()
+            store.check_followed(store.head().seq)
+        assert store.fenced is None
+        assert [os.stat(f"{path}{suffix}").st_ino for suffix in ("-wal", "-shm")] == sides
+        assert store.head().seq == (5 if read_only else 8)
+
+
 def test_a_wal_removed_under_a_writer_that_then_dies_loses_no_acknowledged_write(tmp_path: Path) -> None:
     # A real process: its WAL unlinked by someone else, it appends and is SIGKILLed. Whatever it
     # acknowledged after that must be in the file another process opens.
