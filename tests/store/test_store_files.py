@@ -22,6 +22,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from waiting import returns_within
 
 from lifecycle_es import (
     EventStore,
@@ -203,6 +204,33 @@ def test_read_only_directory_is_refused(tmp_path: Path) -> None:
         with raises_exactly(StoreIOError):
             EventStore.open(directory / "events.db")
         assert os.listdir(directory) == []
+
+
+@pytest.mark.skipif(shutil.which("chattr") is None, reason="chattr is not installed: no way to make a "
+                    "file read-only for root")
+def test_a_follower_of_a_store_opened_immutable_raises_once_a_writer_opens_it(tmp_path: Path) -> None:
+    # A reader that may not write the file, opened with no -wal there, reads it immutable: no locks, no WAL.
+    # A writer that opens the store later commits to a -wal that reader never reads, so its follower would
+    # wait for ever (and its reads could meet a checkpoint's half-written pages): it must say so instead.
+    path = tmp_path / "events.db"
+    make_store(path)
+    assert not os.path.exists(f"{path}-wal")
+    with immutable(path):
+        reader = EventStore.open(path, read_only=True)
+    try:
+        assert reader.backend.immutable  # type: ignore[attr-defined]
+        stop = threading.Event()
+        following = reader.follow(after=3, poll_interval=0.01, stop=stop)
+        with EventStore.open(path) as writer:
+            writer.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+            try:
+                with raises_exactly(StoreFencedError) as info:
+                    returns_within(lambda: next(following, None))
+            finally:
+                stop.set()  # a follower that would wait for ever ends here, its thread with it
+        assert f"{path}-wal" in info.value.cause and "reopen the store" in info.value.cause
+    finally:
+        reader.close()
 
 
 def test_invalid_open_arguments(tmp_path: Path) -> None:
