@@ -90,21 +90,22 @@ class OpenedFiles:
     """The store file and its side files as a connection opened them, and the store file's size at the last
     commit: `changed` says when the files at the path are no longer those (one ``os.stat`` per file)."""
 
-    __slots__ = ("identity", "path", "sides", "size")
+    __slots__ = ("identity", "immutable", "path", "sides", "size")
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, immutable: bool = False) -> None:
         self.path = path
+        self.immutable = immutable
         info = os.stat(path)
         self.identity: FileId = (info.st_dev, info.st_ino)
         self.size = info.st_size
-        # Recorded once the connection has read: SQLite opens (and creates) both then. One missing (an
-        # immutable read-only open, which uses neither) is not watched.
-        self.sides = [(side, file_id(side)) for side in side_files(path)]
+        # Recorded once the connection has read: SQLite opens (and creates) both then. An immutable open uses
+        # neither (a stray -shm left there is no file of its own); its -wal must stay absent instead.
+        self.sides = [] if immutable else [(side, file_id(side)) for side in side_files(path)]
 
     def changed(self) -> str | None:
         """Why the files at the store's path are not the ones the connection opened, naming the file and
-        what to do, or None: the store file gone, replaced or shorter than at the last commit, or a side
-        file removed or replaced."""
+        what to do, or None: the store file gone, replaced or shorter than at the last commit, a side file
+        removed or replaced, or (`immutable`) a -wal made by a writer since."""
         return self._check()[0]
 
     def committed(self) -> str | None:
@@ -128,6 +129,10 @@ class OpenedFiles:
             return (f"store file {path!r} was cut short underneath this connection ({info.st_size:,} bytes, "
                     f"{self.size:,} at its last commit), so events it held may be gone: audit it (lifecycle-es "
                     "audit) and restore it from a good copy before you reopen the store"), 0
+        if self.immutable and os.path.lexists(side_files(path)[0]):
+            return (f"{side_files(path)[0]!r} appeared underneath this connection, which opened the store immutable "
+                    "(read-only, no -wal then) and never reads a -wal: a writer opened the store since, and its "
+                    "commits go there; reopen the store to read them"), 0
         side = changed_file(self.sides)
         if side is not None:
             return (f"{side[0]!r} was {side[1]} underneath this connection, which would commit where no other "
