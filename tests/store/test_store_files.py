@@ -738,6 +738,31 @@ def test_a_store_file_cut_short_underneath_fences_the_store(tmp_path: Path) -> N
         assert file_digests(path) == before
 
 
+def test_a_store_file_shrunk_by_another_processs_vacuum_is_no_fence(tmp_path: Path) -> None:
+    # VACUUM, and the checkpoint after it, shrink the file legitimately (free pages given back): SQLite's own
+    # connections follow it, so a handle open meanwhile must not call its store cut short.
+    path = tmp_path / "events.db"
+    make_store(path)
+    conn = apsw.Connection(str(path))  # free pages, as deleted leases and cleared snapshots leave them
+    conn.execute("CREATE TABLE spare (b BLOB)")
+    conn.executemany("INSERT INTO spare VALUES (randomblob(8000))", [()] * 64)
+    conn.execute("DROP TABLE spare")
+    conn.close()
+    with EventStore.open(path) as store:
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+        size = path.stat().st_size
+        code = ("import apsw, sys\n"
+                "conn = apsw.Connection(sys.argv[1])\n"
+                "conn.execute('VACUUM')\n"
+                "conn.execute('PRAGMA wal_checkpoint(TRUNCATE)')\n"
+                "conn.close()\n")
+        subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+        assert path.stat().st_size < size
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=5)])
+        store.check_followed(5)
+        assert store.fenced is None and store.verify().events == 5
+
+
 def test_a_store_file_that_grows_under_another_writer_is_no_fence(tmp_path: Path) -> None:
     # Another process's checkpoints grow the file; only a file shorter than at this handle's last commit fences.
     path = tmp_path / "events.db"
