@@ -127,10 +127,12 @@ class OpenedFiles:
         if (info.st_dev, info.st_ino) != self.identity:
             return (f"store file {path!r} was replaced underneath this connection, which still has the old one "
                     "open: reopen the store to use the file now at that path"), 0
-        if info.st_size < self.size and self._pages_missing():
-            return (f"store file {path!r} was cut short underneath this connection ({info.st_size:,} bytes, "
-                    f"{self.size:,} at its last commit), so events it held may be gone: audit it (lifecycle-es "
-                    "audit) and restore it from a good copy before you reopen the store"), 0
+        if info.st_size < self.size:
+            if self._pages_missing():
+                return (f"store file {path!r} was cut short underneath this connection ({info.st_size:,} bytes, "
+                        f"{self.size:,} at its last commit), so events it held may be gone: audit it "
+                        "(lifecycle-es audit) and restore it from a good copy before you reopen the store"), 0
+            self.size = info.st_size  # shrunk by another connection, every page held: the least from now on
         if self.immutable and os.path.lexists(side_files(path)[0]):
             return (f"{side_files(path)[0]!r} appeared underneath this connection, which opened the store immutable "
                     "(read-only, no -wal then) and never reads a -wal: a writer opened the store since, and its "
