@@ -239,7 +239,9 @@ def _audit(store: EventStore, key: bytes | None, seal_path: str | None, jobs: in
     if store.key_id is not None and key is None:
         raise StoreKeyError("the store is keyed: its hashes are MACs, so auditing it needs its key")
     report = AuditReport(path=store.path, keyed=store.keyed)
-    with store.backend.read_tx("audit"):
+    # The lock for the whole pass: an open store's connection may serve a batch of another thread's writes,
+    # which the audit must neither read nor run its read transaction inside.
+    with store.lock, store.backend.read_tx("audit"):
         _prove(store, report, key, seal_path, jobs, progress, reopen or reopened(store))
         if signed is not None:
             check_checkpoints(store, report, *signed)

@@ -15,7 +15,7 @@ import msgspec
 
 from lifecycle_es.log import RecordedEvent
 from lifecycle_es.receipts import RunnerSnapshot, project
-from lifecycle_es.replay import EMPTY, Fold, Folded, fold, fold_log, load, snapshot_of
+from lifecycle_es.replay import EMPTY, Fold, Folded, fold, fold_log, load, snapshot_of, stream_pages
 from lifecycle_es.runner import LEASE_STATUSES, STATES
 from lifecycle_es.state import RunnerState, lease_counts
 from lifecycle_es.store import EventStore
@@ -74,7 +74,7 @@ def state_at(store: EventStore, runner_id: str, seq: int | None = None, *,
         base = EMPTY
     total = store.stream_version(runner_id) - base.version
     folding = Fold(base)
-    for rows in store.backend.stream_pages(runner_id, after_version=base.version):
+    for rows in stream_pages(store, runner_id, base.version):
         for row in rows:
             if seq is not None and row[0] > seq:
                 return folding.state()

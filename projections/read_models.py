@@ -114,10 +114,13 @@ def attach(store: EventStore) -> ReadModels:
 
 
 def read_runner_rows(store: EventStore) -> dict[str, tuple[Any, ...]]:
-    """Every ``runners`` row by runner id (empty if the tables do not exist)."""
-    return {row[0]: row for row in store.backend.read_model_rows("runners")}
+    """Every ``runners`` row by runner id (empty if the tables do not exist), as committed."""
+    with store.lock:  # never another thread's batch in flight on the store's connection
+        rows = store.backend.read_model_rows("runners")
+    return {row[0]: row for row in rows}
 
 
 def read_lease_rows(store: EventStore, runner_id: str) -> list[tuple[Any, ...]]:
-    """A runner's ``leases`` rows, ordered by lease id."""
-    return store.backend.lease_rows_of(runner_id)
+    """A runner's ``leases`` rows, ordered by lease id, as committed."""
+    with store.lock:  # never another thread's batch in flight on the store's connection
+        return store.backend.lease_rows_of(runner_id)
