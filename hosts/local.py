@@ -42,7 +42,7 @@ from lifecycle_es.errors import InvalidInputError, StaleFenceError
 from lifecycle_es.events import UnitRecord, UnitStarted, UnitStarting, UnitStopped
 from lifecycle_es.lifecycle import RunnerLifecycle
 from lifecycle_es.receipts import LeaseReceipt
-from lifecycle_es.values import shown
+from lifecycle_es.values import safe_choice, shown
 
 from .child import ChildUnits
 from .driver import DriverOptions, UnitDriver, sent_signals
@@ -72,10 +72,8 @@ class LocalHost(Reconciler):
                  env: Mapping[str, str] | None = None, token_dir: str | None = None) -> None:
         if not isinstance(lifecycle, RunnerLifecycle):
             raise InvalidInputError("lifecycle", f"lifecycle must be a RunnerLifecycle, got {type(lifecycle).__name__}")
-        if mode not in MODES:
-            raise InvalidInputError("mode", f"mode must be 'child' or 'systemd', got {mode!r}")
-        if scope not in ("system", "user"):
-            raise InvalidInputError("scope", f"scope must be 'system' or 'user', got {scope!r}")
+        safe_choice(mode, "mode", tuple(MODES))
+        safe_choice(scope, "scope", ("system", "user"))
         for name, value in (("stop_timeout_ms", stop_timeout_ms), ("park_threshold_ms", park_threshold_ms)):
             if type(value) is not int or not 0 <= value <= 86_400_000:
                 raise InvalidInputError(name, f"{name} must be an int in 0..86400000, got {value!r}")

@@ -44,6 +44,7 @@ from .files import text_path
 from .log import RecordedEvent
 from .runner import LEASE_STATUSES, STATES
 from .store import EventStore
+from .values import not_plain
 from .walk import MAX_JOBS, Found, Streams, Walked, counted, open_for_audit, owners, received, reopened, split, walk
 from .workers import Workers
 
@@ -176,9 +177,9 @@ def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = No
     must verify with one of them, and the log must still hold the head it signed. Without `trust` a
     checkpoint file is not read (a warning says so when one lies beside the store).
     """
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
-        raise InvalidInputError("jobs", f"jobs is invalid: {jobs!r} is not a count of worker processes "
-                                        f"(1..{MAX_JOBS})")
+    if type(jobs) is not int or not 1 <= jobs <= MAX_JOBS:  # a bool, or a subclass that may answer otherwise
+        raise not_plain(jobs, "jobs") or InvalidInputError(
+            "jobs", f"jobs is invalid: {jobs!r} is not a count of worker processes (1..{MAX_JOBS})")
     if progress is not None and not callable(progress):
         raise InvalidInputError("progress", "progress must be a callable taking (done, total), or None")
     if key is not None and (not isinstance(key, bytes | bytearray) or len(key) != 32):

@@ -28,7 +28,7 @@ import stat
 from collections.abc import Iterator
 
 from .errors import InvalidInputError
-from .values import shown
+from .values import not_plain, shown
 
 CHUNK = 1 << 20
 
@@ -60,8 +60,9 @@ def text_path(value: object, field: str) -> str:
     different files.
     """
     text = os.fspath(value) if isinstance(value, str | os.PathLike) else None
-    if not isinstance(text, str) or not text or "\0" in text:
-        raise InvalidInputError(field, f"{field} is invalid: {shown(value)} is not a text path")
+    if type(text) is not str or not text or "\0" in text:
+        raise not_plain(text, field) or InvalidInputError(field, f"{field} is invalid: {shown(value)} is not a text "
+                                                                 "path")
     try:
         same = os.fsencode(text) == text.encode("utf-8")
     except UnicodeEncodeError:

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import StoreIOError
-from .values import safe_int
+from .values import safe_int, safe_number
 
 if TYPE_CHECKING:
     from .store import EventStore, WriteTransaction
@@ -121,11 +121,7 @@ class GroupCommit:
         if max_batch is not None:
             self.max_batch = safe_int(max_batch, "max_batch", 1, 4096)
         if linger_ms is not None:
-            if isinstance(linger_ms, bool) or not isinstance(linger_ms, int | float) or not 0 <= linger_ms <= 100:
-                from .errors import InvalidInputError
-
-                raise InvalidInputError("linger_ms", f"linger_ms is invalid: {linger_ms!r} (0 <= ms <= 100)")
-            self.linger_ms = float(linger_ms)
+            self.linger_ms = safe_number(linger_ms, "linger_ms", 0, 100)
 
     @property
     def queued(self) -> int:
