@@ -33,13 +33,14 @@ less than `linger_ms` ago. A store that was idle never lingers.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import StoreIOError
+from .errors import InvalidInputError, StoreIOError
 from .values import safe_int, safe_number
 
 if TYPE_CHECKING:
@@ -49,6 +50,20 @@ T = TypeVar("T")
 
 DEFAULT_MAX_BATCH = 64
 DEFAULT_LINGER_MS = 1.0
+
+
+def worked(work: Callable[[WriteTransaction], T], tx: WriteTransaction) -> T:
+    """`work(tx)`, or InvalidInputError("work") when it returned work left undone: a coroutine or another
+    awaitable, a generator or another iterator (what an ``async def`` or a ``yield`` makes, or a lazy read) would
+    run after its transaction ended, if at all. Raised inside the transaction, so what `work` wrote rolls back."""
+    value = work(tx)
+    if isinstance(value, Iterator | AsyncIterator) or inspect.isawaitable(value):
+        if inspect.iscoroutine(value) or inspect.isgenerator(value):
+            value.close()  # never run: no warning that it was never awaited, no body left suspended
+        raise InvalidInputError("work", f"work must do its work when called and return its result, not a "
+                                        f"{type(value).__name__}: a coroutine or an iterator would run after its "
+                                        "transaction ended (pass a plain function; read into a list inside it)")
+    return value
 
 
 class _Caller:
@@ -137,7 +152,7 @@ class GroupCommit:
             # the very batch it is part of. So it is a transaction of its own at once, which the backend
             # refuses as nested when one is open, as it always has.
             with self._store.transaction(action) as tx:
-                return work(tx)
+                return worked(work, tx)
         caller = _Caller(action, work, stream)
         with self._mutex:
             lead = not self._leading
@@ -196,7 +211,7 @@ class GroupCommit:
             streams = [caller.stream for caller in batch if caller.stream is not None]
             with store.transaction(action, streams=streams) as tx:
                 if len(batch) == 1:
-                    batch[0].value = batch[0].work(tx)  # alone: its error rolls back the transaction
+                    batch[0].value = worked(batch[0].work, tx)  # alone: its error rolls back the transaction
                 else:
                     self._each(tx, batch)
                 committing = True  # what fails from here on fails the commit
@@ -239,7 +254,7 @@ class GroupCommit:
             savepoint = backend.savepoint(caller.action)
             try:
                 with savepoint:
-                    caller.value = caller.work(tx)
+                    caller.value = worked(caller.work, tx)
             except Exception as exc:
                 caller.error = exc
                 self._store._rollbacks += 1  # its writes are undone: what a projector kept of them is stale
