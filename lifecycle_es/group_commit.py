@@ -41,7 +41,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import InvalidInputError, StoreIOError
-from .values import safe_int, safe_number
+from .values import safe_action, safe_callable, safe_id, safe_int, safe_number
 
 if TYPE_CHECKING:
     from .store import EventStore, WriteTransaction
@@ -145,7 +145,16 @@ class GroupCommit:
 
     def run(self, action: str, work: Callable[[WriteTransaction], T], stream: str | None = None) -> T:
         """`work(tx)` in a transaction shared with the callers of the same moment; its result once durable.
-        `stream`: the stream `work` reads and appends to, if it is one (its tail is read with the lock)."""
+        `stream`: the stream `work` reads and appends to, if it is one (its tail is read with the lock).
+        InvalidInputError, before anything runs, for an `action` that is no name of 1..256 characters, a `work` that
+        is not callable or a coroutine function, a `stream` that is no id."""
+        safe_action(action)
+        safe_callable(work, "work", "the write transaction")
+        if inspect.iscoroutinefunction(work):
+            raise InvalidInputError("work", f"work must be a plain function that runs inside the transaction, not the "
+                                            f"coroutine function {getattr(work, '__qualname__', 'given')}")
+        if stream is not None:
+            safe_id(stream, "stream")
         if self._writer == threading.get_ident() or self._store.lock._is_owned():  # type: ignore[attr-defined]
             # A write from a thread that holds the store's lock (in a batch's work, a transaction of its own, a
             # `with store.lock` block): queued, it would wait for a writer that waits for that lock, or for

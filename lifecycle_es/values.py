@@ -101,6 +101,26 @@ def safe_int(value: object, field: str, minimum: int = 0, maximum: int = MAX_SAF
     return value
 
 
+MAX_ACTION_CHARS = 256
+
+
+def safe_action(value: object, field: str = "action") -> str:
+    """What a write is called in messages and errors: a plain str of 1..256 characters, or InvalidInputError."""
+    if type(value) is not str or not 0 < len(value) <= MAX_ACTION_CHARS:
+        raise not_plain(value, field) or InvalidInputError(
+            field, f"{field} is invalid: {shown(value)} is not a name of 1..{MAX_ACTION_CHARS} characters for the "
+                   "write (a plain str)")
+    return value
+
+
+def safe_callable(value: object, field: str, takes: str) -> None:
+    """InvalidInputError naming `field` unless `value` is callable (`takes`: what it is called with, for the
+    message): refused at the call, not as a TypeError when it is first called."""
+    if not callable(value):
+        raise InvalidInputError(field, f"{field} is invalid: a {type(value).__name__} is not callable (pass a "
+                                       f"function taking {takes})")
+
+
 def safe_path(value: object, field: str, what: str | None = None) -> str:
     """An absolute, normalized path (1..4096 characters, no NUL, text UTF-8 can hold), or InvalidInputError.
 

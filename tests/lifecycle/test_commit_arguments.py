@@ -90,6 +90,8 @@ def test_work_that_returns_instead_of_working_is_refused_and_rolled_back(runner:
         store.commit("work", WORKS[name])
     assert own.value.field == "work"
     assert log(store) == before
+    if name == "coroutine function":
+        return  # refused before it is queued (test_commit_and_run_refuse_each_bad_argument_before_anything_runs)
     held = Held(store)  # in a batch, under a savepoint: rolled back alone, the others commit
     held.queue("bad", lambda: store.commit("bad", WORKS[name]))
     held.queue("good", lambda: store.commit("good", lambda tx: len(tx.append_unchecked("runner-1", [EVENT]))))
@@ -97,3 +99,78 @@ def test_work_that_returns_instead_of_working_is_refused_and_rolled_back(runner:
     assert isinstance(outcomes["bad"], InvalidInputError) and outcomes["bad"].field == "work"
     assert outcomes["good"] == 1
     assert log(store)[:-1] == before and len(log(store)) == len(before) + 1
+
+
+class Named(str):
+    """A str subclass."""
+
+
+BAD_COMMITS: list[tuple[str, dict[str, Any]]] = [
+    ("action", {"action": None}),
+    ("action", {"action": ""}),
+    ("action", {"action": "x" * 257}),
+    ("action", {"action": b"append"}),
+    ("action", {"action": Named("append")}),
+    ("work", {"work": None}),
+    ("work", {"work": "tx.append"}),
+    ("work", {"work": _coroutine}),
+    ("stream", {"stream": "not an id"}),
+    ("stream", {"stream": 7}),
+    ("stream", {"stream": Named("runner-1")}),
+]
+
+
+@pytest.mark.parametrize(("field", "bad"), BAD_COMMITS,
+                         ids=[f"{field}={bad[field]!r:.20}" for field, bad in BAD_COMMITS])
+def test_commit_and_run_refuse_each_bad_argument_before_anything_runs(runner: EventStore, field: str,
+                                                                      bad: dict[str, Any]) -> None:
+    store = runner
+    before = log(store)
+    ran: list[str] = []
+
+    def work(tx: WriteTransaction) -> None:
+        ran.append("ran")
+        _append(tx)
+
+    arguments = {"action": "write", "work": work, "stream": "runner-1", **bad}
+    for call in (lambda: store.commit(arguments["action"], arguments["work"], stream=arguments["stream"]),
+                 lambda: store.group_commit.run(arguments["action"], arguments["work"], arguments["stream"])):
+        with pytest.raises(InvalidInputError) as info:
+            call()
+        assert info.value.field == field
+    assert ran == [] and log(store) == before
+
+
+@pytest.mark.parametrize(("field", "action", "streams"), [
+    ("action", None, ()), ("action", "", ()), ("action", Named("write"), ()),
+    ("streams", "write", "runner-1"), ("streams", "write", ["not an id"]), ("streams", "write", [3]),
+    ("streams", "write", iter(["runner-1"])), ("streams", "write", None),
+])
+def test_a_transaction_refuses_a_bad_action_or_streams(runner: EventStore, field: str, action: Any,
+                                                       streams: Any) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        runner.transaction(action, streams=streams)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(("method", "arguments", "field"), [
+    ("stream_version", ("not an id",), "stream"),
+    ("stream_version", (None,), "stream"),
+    ("host_lease", ("bad/id",), "stream"),
+    ("lease_clock", ("now",), "now_ms"),
+    ("lease_clock", (-1,), "now_ms"),
+    ("put_host_lease", ("bad id", "host/boot/1", 1, 10), "stream"),
+    ("put_host_lease", ("runner-1", "a holder", 1, 10), "holder"),
+    ("put_host_lease", ("runner-1", "host/boot/1", 1.5, 10), "token"),
+    ("put_host_lease", ("runner-1", "host/boot/1", 1, True), "expires_ms"),
+    ("read_stream", ("not an id",), "stream"),
+])
+def test_a_transactions_methods_refuse_bad_arguments_and_write_nothing(runner: EventStore, method: str,
+                                                                       arguments: tuple[Any, ...], field: str) -> None:
+    store = runner
+    before = log(store), store.host_lease("runner-1")
+    with pytest.raises(InvalidInputError) as info, store.transaction("write") as tx:
+        _append(tx)
+        list(getattr(tx, method)(*arguments) or ())
+    assert info.value.field == field
+    assert (log(store), store.host_lease("runner-1")) == before
