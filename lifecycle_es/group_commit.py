@@ -132,11 +132,10 @@ class GroupCommit:
 
     def tune(self, *, max_batch: int | None = None, linger_ms: float | None = None) -> None:
         """Set the most callers a batch holds (1..4096; 1 turns grouping off) and the longest a writer waits
-        for late arrivals while the store is busy (0..100 ms; 0: never)."""
-        if max_batch is not None:
-            self.max_batch = safe_int(max_batch, "max_batch", 1, 4096)
-        if linger_ms is not None:
-            self.linger_ms = safe_number(linger_ms, "linger_ms", 0, 100)
+        for late arrivals while the store is busy (0..100 ms; 0: never). A refused value changes neither."""
+        batch = safe_int(max_batch, "max_batch", 1, 4096) if max_batch is not None else self.max_batch
+        linger = safe_number(linger_ms, "linger_ms", 0, 100) if linger_ms is not None else self.linger_ms
+        self.max_batch, self.linger_ms = batch, linger
 
     @property
     def queued(self) -> int:

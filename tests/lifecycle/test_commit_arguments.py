@@ -174,3 +174,20 @@ def test_a_transactions_methods_refuse_bad_arguments_and_write_nothing(runner: E
         list(getattr(tx, method)(*arguments) or ())
     assert info.value.field == field
     assert (log(store), store.host_lease("runner-1")) == before
+
+
+@pytest.mark.parametrize(("good", "bad", "field"), [
+    ({"max_batch": 8}, {"linger_ms": -1}, "linger_ms"),
+    ({"linger_ms": 7}, {"max_batch": 0}, "max_batch"),
+    ({"max_batch": 8}, {"linger_ms": float("nan")}, "linger_ms"),
+])
+def test_a_refused_tune_changes_nothing(store: EventStore, good: dict[str, Any], bad: dict[str, Any],
+                                        field: str) -> None:
+    group = store.group_commit
+    before = (group.max_batch, group.linger_ms)
+    with pytest.raises(InvalidInputError) as info:
+        group.tune(**good, **bad)
+    assert info.value.field == field
+    assert (group.max_batch, group.linger_ms) == before
+    group.tune(**good)
+    assert (group.max_batch, group.linger_ms) != before
