@@ -44,7 +44,7 @@ from .files import text_path
 from .log import RecordedEvent
 from .runner import LEASE_STATUSES, STATES
 from .store import EventStore
-from .values import not_plain
+from .values import not_plain, safe_progress
 from .walk import MAX_JOBS, Found, Streams, Walked, counted, open_for_audit, owners, received, reopened, split, walk
 from .workers import Workers
 
@@ -180,8 +180,7 @@ def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = No
     if type(jobs) is not int or not 1 <= jobs <= MAX_JOBS:  # a bool, or a subclass that may answer otherwise
         raise not_plain(jobs, "jobs") or InvalidInputError(
             "jobs", f"jobs is invalid: {jobs!r} is not a count of worker processes (1..{MAX_JOBS})")
-    if progress is not None and not callable(progress):
-        raise InvalidInputError("progress", "progress must be a callable taking (done, total), or None")
+    safe_progress(progress)
     if key is not None and (not isinstance(key, bytes | bytearray) or len(key) != 32):
         raise InvalidInputError("key", "key must be 32 bytes")
     seal_path = text_path(seal, "seal") if seal is not None else None

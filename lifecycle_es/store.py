@@ -51,7 +51,7 @@ from .log import Head, RecordedEvent, VerifyReport
 from .seal import Seal, check_seal, read_seal, write_seal
 from .transaction import WriteTransaction as WriteTransaction  # re-exported: where it was always imported from
 from .transaction import _Fencing
-from .values import safe_choice, safe_id, safe_int, shown
+from .values import safe_choice, safe_id, safe_int, safe_progress, shown
 from .verify import verify_rows, well_formed_at
 
 if TYPE_CHECKING:
@@ -508,7 +508,7 @@ class EventStore:
         """
         key = self._verify_key(key)
         with self._lock, self._backend.read_tx("verify"):
-            report = verify_rows(self._backend, self.store_id, key, progress)
+            report = verify_rows(self._backend, self.store_id, key, safe_progress(progress, takes="(done)"))
         if seal is not None:
             self.check_seal(text_path(seal, "seal"), key=key)
         return report

@@ -121,6 +121,23 @@ def safe_callable(value: object, field: str, takes: str) -> None:
                                        f"function taking {takes})")
 
 
+def safe_progress(value: object, field: str = "progress", takes: str = "(done, total)") -> Any:
+    """`value` when it is None or callable, else InvalidInputError naming `field`: a progress callback that cannot
+    be called is refused at the call, not as a TypeError in the middle of the work it was to report on."""
+    if value is not None:
+        safe_callable(value, field, takes)
+    return value
+
+
+def safe_stop(value: object, field: str = "stop") -> Any:
+    """`value` when it is an event a loop can watch (``is_set()`` and ``wait(timeout)``, as ``threading.Event``
+    has), else InvalidInputError naming `field`."""
+    if not callable(getattr(value, "is_set", None)) or not callable(getattr(value, "wait", None)):
+        raise InvalidInputError(field, f"{field} is invalid: a {type(value).__name__} is not an event to watch "
+                                       "(pass a threading.Event)")
+    return value
+
+
 def safe_path(value: object, field: str, what: str | None = None) -> str:
     """An absolute, normalized path (1..4096 characters, no NUL, text UTF-8 can hold), or InvalidInputError.
 

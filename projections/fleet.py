@@ -19,7 +19,7 @@ from lifecycle_es.replay import EMPTY, Fold, Folded, fold, fold_log, load, snaps
 from lifecycle_es.runner import LEASE_STATUSES, STATES
 from lifecycle_es.state import RunnerState, lease_counts
 from lifecycle_es.store import EventStore
-from lifecycle_es.values import safe_id, safe_int
+from lifecycle_es.values import safe_id, safe_int, safe_progress
 
 
 class FleetView(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +66,7 @@ def state_at(store: EventStore, runner_id: str, seq: int | None = None, *,
     safe_id(runner_id, "runner_id")
     if seq is not None:
         safe_int(seq, "seq")
+    safe_progress(progress)
     if progress is None:
         return load(store, runner_id, until_seq=seq).state
     # `load`, a page at a time: the same snapshot, rows and fold.
@@ -112,8 +113,11 @@ def states_at(store: EventStore, seq: int | None = None, *,
     in order. `progress`: called with (done, total) events folded, after each runner (after each page of
     a one-pass replay): the events up to `seq` that no snapshot covers.
     """
+    if seq is not None:
+        safe_int(seq, "seq")
+    safe_progress(progress)
     head = store.head().seq
-    until = head if seq is None else min(safe_int(seq, "seq"), head)
+    until = head if seq is None else min(seq, head)
     streams = store.streams()
     bases: dict[str, Folded] = {}
     for stream in streams:
@@ -149,6 +153,9 @@ def fleet(store: EventStore, *, at_seq: int | None = None,
     """The whole fleet as of `at_seq` (the log's head when None): `states_at`, from proven snapshots and
     the tail of the log after them. Every runner is folded up to the one seq, so appends that other
     processes commit meanwhile are not in the view."""
-    head = store.head().seq if at_seq is None else min(safe_int(at_seq, "at_seq"), store.head().seq)
+    if at_seq is not None:
+        safe_int(at_seq, "at_seq")
+    safe_progress(progress)
+    head = store.head().seq if at_seq is None else min(at_seq, store.head().seq)
     return fleet_of(states_at(store, head, progress=progress), head)
 
