@@ -61,7 +61,8 @@ def state_at(store: EventStore, runner_id: str, seq: int | None = None, *,
 
     Starts from the runner's snapshot when the snapshot is no later than `seq` and its tag proves it, so
     it reads only the runner's own events after that. `progress`: called with (done, total) events of the
-    runner folded after its snapshot, a page at a time.
+    runner folded after its snapshot, a page at a time; the last call is (done, done), since the runner's
+    events up to `seq` may be fewer than the total it has.
     """
     safe_id(runner_id, "runner_id")
     if seq is not None:
@@ -75,12 +76,21 @@ def state_at(store: EventStore, runner_id: str, seq: int | None = None, *,
         base = EMPTY
     total = store.stream_version(runner_id) - base.version
     folding = Fold(base)
+    told: tuple[int, int] | None = None
     for rows in stream_pages(store, runner_id, base.version):
+        if seq is not None and rows[-1][0] > seq:
+            for row in rows:
+                if row[0] > seq:
+                    break
+                folding.add_row(row)
+            break
         for row in rows:
-            if seq is not None and row[0] > seq:
-                return folding.state()
             folding.add_row(row)
-        progress(folding.version - base.version, total)
+        told = (folding.version - base.version, total)
+        progress(*told)
+    done = folding.version - base.version
+    if told != (done, done):
+        progress(done, done)  # the end: the runner's events up to `seq` may be fewer than it has
     return folding.state()
 
 
@@ -111,7 +121,7 @@ def states_at(store: EventStore, seq: int | None = None, *,
     (any other is ignored: that runner is replayed from its first event), and folds only its own events
     after it. When no runner has such a snapshot, the log is folded in one pass instead, which reads it
     in order. `progress`: called with (done, total) events folded, after each runner (after each page of
-    a one-pass replay): the events up to `seq` that no snapshot covers.
+    a one-pass replay): the events up to `seq` that no snapshot covers; the last call is (total, total).
     """
     if seq is not None:
         safe_int(seq, "seq")
@@ -126,11 +136,18 @@ def states_at(store: EventStore, seq: int | None = None, *,
             bases[stream] = snapshot
     states: dict[str, RunnerState] = {}
     if not bases:
-        tell = (lambda done: progress(done, until)) if progress is not None else None
-        for stream, folding in fold_log(store, until_seq=until, progress=tell).items():
+        told = [-1]
+
+        def tell(done: int) -> None:
+            told[0] = done
+            progress(done, until)  # type: ignore[misc]
+
+        for stream, folding in fold_log(store, until_seq=until, progress=tell if progress else None).items():
             state = folding.state()
             assert state is not None
             states[stream] = state
+        if progress is not None and told[0] != until:
+            progress(until, until)  # the last page held rows after `until`, or there was none: the end all the same
         return states
     # Seqs count the events up to `until`, and a snapshot's version the ones of its runner it covers: what is left
     # is the tails, a total in events as the one-pass replay's (a count of runners would draw no bar for a few

@@ -54,3 +54,50 @@ def test_a_progress_that_cannot_be_called_is_refused_up_front(runners: EventStor
         CALLS[name](runners, progress)
     assert info.value.field == "progress"
     assert [recorded.row() for recorded in runners.read()] == rows
+
+
+def _without_snapshots(store: EventStore) -> None:
+    with store.transaction("drop snapshots") as tx:
+        tx.store.backend.clear_snapshots()
+
+
+def told(call: Callable[[Callable[[int, int], None]], Any]) -> list[tuple[int, int]]:
+    seen: list[tuple[int, int]] = []
+    call(lambda done, total: seen.append((done, total)))
+    return seen
+
+
+def assert_reaches_the_end(seen: list[tuple[int, int]]) -> None:
+    assert seen, "progress was never called"
+    done, total = seen[-1]
+    assert done == total, seen
+    assert [each for each, _ in seen] == sorted(each for each, _ in seen), seen  # never backwards
+
+
+@pytest.mark.parametrize("snapshots", [True, False], ids=["from snapshots", "one pass"])
+def test_states_at_tells_the_end_at_every_seq(runners: EventStore, snapshots: bool) -> None:
+    store = runners
+    if not snapshots:
+        _without_snapshots(store)
+    head = store.head().seq
+    for seq in (None, 0, 1, 2, head // 2, head - 1, head):
+        seen = told(lambda progress, seq=seq: states_at(store, seq, progress=progress))  # type: ignore[misc]
+        assert_reaches_the_end(seen)
+        seen = told(lambda progress, seq=seq: fleet(store, at_seq=seq, progress=progress))  # type: ignore[misc]
+        assert_reaches_the_end(seen)
+
+
+def test_states_at_of_an_empty_log_tells_nothing_to_do(store: EventStore) -> None:
+    assert told(lambda progress: states_at(store, progress=progress)) == [(0, 0)]
+
+
+@pytest.mark.parametrize("snapshots", [True, False], ids=["from snapshots", "from the start"])
+def test_state_at_tells_the_end_at_every_seq(runners: EventStore, snapshots: bool) -> None:
+    store = runners
+    if not snapshots:
+        _without_snapshots(store)
+    for seq in (None, 1, 5, 12, store.head().seq - 1):
+        for runner_id in store.streams():
+            seen = told(lambda progress, runner_id=runner_id, seq=seq: state_at(  # type: ignore[misc]
+                store, runner_id, seq, progress=progress))
+            assert_reaches_the_end(seen)
