@@ -212,7 +212,7 @@ class RunnerHandle:
 
     def _lease_id(self) -> str:
         value = self._random_id()
-        if not isinstance(value, str):
-            raise InvalidInputError("random_id", f"random_id() must return a str, got {type(value).__name__}")
+        if type(value) is not str:  # a subclass's format() is its own to answer
+            raise InvalidInputError("random_id", f"random_id() must return a plain str, got {type(value).__name__}")
         return safe_id(f"lease-{value}", "random_id")
 
