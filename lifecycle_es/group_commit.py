@@ -52,11 +52,16 @@ DEFAULT_MAX_BATCH = 64
 DEFAULT_LINGER_MS = 1.0
 
 
+_DONE = frozenset({type(None), tuple, list, dict, int, str, bytes, bool})
+
+
 def worked(work: Callable[[WriteTransaction], T], tx: WriteTransaction) -> T:
     """`work(tx)`, or InvalidInputError("work") when it returned work left undone: a coroutine or another
     awaitable, a generator or another iterator (what an ``async def`` or a ``yield`` makes, or a lazy read) would
     run after its transaction ended, if at all. Raised inside the transaction, so what `work` wrote rolls back."""
     value = work(tx)
+    if type(value) in _DONE:  # what commands return: no ABC walk on the hot path
+        return value
     if isinstance(value, Iterator | AsyncIterator) or inspect.isawaitable(value):
         if inspect.iscoroutine(value) or inspect.isgenerator(value):
             value.close()  # never run: no warning that it was never awaited, no body left suspended
@@ -146,12 +151,10 @@ class GroupCommit:
         """`work(tx)` in a transaction shared with the callers of the same moment; its result once durable.
         `stream`: the stream `work` reads and appends to, if it is one (its tail is read with the lock).
         InvalidInputError, before anything runs, for an `action` that is no name of 1..256 characters, a `work` that
-        is not callable or a coroutine function, a `stream` that is no id."""
+        is not callable, a `stream` that is no id (and, from inside the transaction, for a `work` that returns a
+        coroutine or an iterator: see `worked`)."""
         safe_action(action)
         safe_callable(work, "work", "the write transaction")
-        if inspect.iscoroutinefunction(work):
-            raise InvalidInputError("work", f"work must be a plain function that runs inside the transaction, not the "
-                                            f"coroutine function {getattr(work, '__qualname__', 'given')}")
         if stream is not None:
             safe_id(stream, "stream")
         if self._writer == threading.get_ident() or self._store.lock._is_owned():  # type: ignore[attr-defined]

@@ -90,8 +90,6 @@ def test_work_that_returns_instead_of_working_is_refused_and_rolled_back(runner:
         store.commit("work", WORKS[name])
     assert own.value.field == "work"
     assert log(store) == before
-    if name == "coroutine function":
-        return  # refused before it is queued (test_commit_and_run_refuse_each_bad_argument_before_anything_runs)
     held = Held(store)  # in a batch, under a savepoint: rolled back alone, the others commit
     held.queue("bad", lambda: store.commit("bad", WORKS[name]))
     held.queue("good", lambda: store.commit("good", lambda tx: len(tx.append_unchecked("runner-1", [EVENT]))))
