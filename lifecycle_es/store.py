@@ -51,7 +51,7 @@ from .log import Head, RecordedEvent, VerifyReport
 from .seal import Seal, check_seal, read_seal, write_seal
 from .transaction import WriteTransaction as WriteTransaction  # re-exported: where it was always imported from
 from .transaction import _Fencing
-from .values import safe_id, safe_int, shown
+from .values import safe_choice, safe_id, safe_int, safe_progress, shown
 from .verify import verify_rows, well_formed_at
 
 if TYPE_CHECKING:
@@ -141,15 +141,13 @@ class EventStore:
         then raise StoreIOError.
         """
         path = text_path(path, "path")
-        # isinstance first: an unhashable value must be refused, not raise TypeError on the lookup.
-        if not isinstance(durability, str) or durability not in ("full", "normal"):
-            raise InvalidInputError("durability", f"durability is invalid: {durability!r} (use 'full' or 'normal')")
+        safe_choice(durability, "durability", ("full", "normal"))
         safe_int(busy_timeout_ms, "busy_timeout_ms", 0, 3_600_000)
         key = _validate_key(key)
         if now is not None and not callable(now):
             raise InvalidInputError("now", "now must be a callable returning epoch milliseconds")
-        if vfs is not None and not isinstance(vfs, str):
-            raise InvalidInputError("vfs", f"vfs is invalid: {type(vfs).__name__} is not a VFS name")
+        if vfs is not None and type(vfs) is not str:
+            raise InvalidInputError("vfs", f"vfs is invalid: {type(vfs).__name__} is not a VFS name (a plain str)")
         if seal is not None:
             seal = text_path(seal, "seal")
         if not isinstance(read_only, bool):
@@ -503,7 +501,7 @@ class EventStore:
         """
         key = self._verify_key(key)
         with self._lock, self._backend.read_tx("verify"):
-            report = verify_rows(self._backend, self.store_id, key, progress)
+            report = verify_rows(self._backend, self.store_id, key, safe_progress(progress, takes="(done)"))
         if seal is not None:
             self.check_seal(text_path(seal, "seal"), key=key)
         return report
