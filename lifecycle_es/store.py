@@ -51,7 +51,7 @@ from .log import Head, RecordedEvent, VerifyReport
 from .seal import Seal, check_seal, read_seal, write_seal
 from .transaction import WriteTransaction as WriteTransaction  # re-exported: where it was always imported from
 from .transaction import _Fencing
-from .values import safe_choice, safe_id, safe_int, safe_progress, shown
+from .values import safe_choice, safe_id, safe_int, safe_number, safe_progress, safe_stop, shown
 from .verify import verify_rows, well_formed_at
 
 if TYPE_CHECKING:
@@ -460,12 +460,11 @@ class EventStore:
         yielded: rows deleted, an older copy put back) raises IntegrityError at the first seq gone, and the
         store's files replaced underneath raise StoreFencedError (see `check_followed`).
         """
-        if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not (
-                0 < poll_interval <= 3600):
-            raise InvalidInputError("poll_interval", f"poll_interval is invalid: {poll_interval!r} (0 < s <= 3600)")
+        interval = safe_number(poll_interval, "poll_interval", 0, 3600, above=True)
         if stream is not None:
             safe_id(stream, "stream")
-        return following.follow_log(self, safe_int(after, "after"), poll_interval, stream, stop)
+        watched = None if stop is None else safe_stop(stop)
+        return following.follow_log(self, safe_int(after, "after"), interval, stream, watched)
 
     def check_followed(self, reached: int) -> None:
         """Check that the log still holds what a follower has yielded, up to seq `reached`.

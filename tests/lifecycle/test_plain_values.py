@@ -168,3 +168,14 @@ def test_targets_are_still_taken(store: EventStore, tmp_path: Path) -> None:
     for target in TARGETS:
         assert RunnerLifecycle(store, **{**RUNNER_DEFAULTS, "base_dir": str(tmp_path), "target": target,
                                          "runner_id": f"runner-{target}"}).target == target  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [Count(1), Seconds(0.01)])
+def test_a_follower_refuses_a_poll_interval_subclass(store: EventStore, value: object) -> None:
+    refused("poll_interval", lambda: store.follow(poll_interval=value))  # type: ignore[arg-type]
+
+
+def test_a_follower_refuses_a_stop_it_cannot_watch(store: EventStore) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        store.follow(stop=True)  # type: ignore[arg-type]
+    assert info.value.field == "stop" and "threading.Event" in str(info.value)
