@@ -137,23 +137,13 @@ def stream_pages(store: EventStore, stream: str, after_version: int = 0) -> Iter
     Each page is read under the store's lock and none is held between them, as every read of the store is:
     one connection serves all its threads, and a batch another thread has open on it is never read.
     """
-    return _locked(store, store.backend.stream_pages(stream, after_version=after_version))
+    return store.locked_pages(store.backend.stream_pages(stream, after_version=after_version))
 
 
 def log_pages(store: EventStore, after: int = 0) -> Iterator[list[Row]]:
     """The log's rows after seq `after` as pages of backend rows, each read under the store's lock (see
     `stream_pages`)."""
-    return _locked(store, store.backend.pages(after=after, stream=None))
-
-
-def _locked(store: EventStore, pages: Iterator[list[Row]]) -> Iterator[list[Row]]:
-    lock = store.lock
-    while True:
-        with lock:
-            rows = next(pages, None)
-        if rows is None:
-            return
-        yield rows
+    return store.locked_pages(store.backend.pages(after=after, stream=None))
 
 
 def _rows(pages: Iterator[list[Row]]) -> Iterator[Row]:

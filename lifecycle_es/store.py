@@ -383,12 +383,14 @@ class EventStore:
         return self._read_pages(after, stream, limit)
 
     def _read_pages(self, after: int, stream: str | None, limit: int | None) -> Iterator[RecordedEvent]:
-        for rows in self._paged(self._backend.pages(after=after, stream=stream, limit=limit)):
+        for rows in self.locked_pages(self._backend.pages(after=after, stream=stream, limit=limit)):
             for row in rows:
                 yield RecordedEvent(*row)
 
-    def _paged(self, pages: Iterator[list[Row]]) -> Iterator[list[Row]]:
-        """`pages`, each read under the lock (and none held between them)."""
+    def locked_pages(self, pages: Iterator[list[Row]]) -> Iterator[list[Row]]:
+        """`pages` (the backend's paged reads), each page read under the store's lock and the lock released
+        between pages: a reader never sees another thread's batch in flight, and never holds writers off
+        for a whole pass."""
         lock = self._lock
         while True:
             with lock:
@@ -404,7 +406,7 @@ class EventStore:
         return self._read_stream_pages(stream, after_version)
 
     def _read_stream_pages(self, stream: str, after_version: int) -> Iterator[RecordedEvent]:
-        for rows in self._paged(self._backend.stream_pages(stream, after_version=after_version)):
+        for rows in self.locked_pages(self._backend.stream_pages(stream, after_version=after_version)):
             for row in rows:
                 yield RecordedEvent(*row)
 
