@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from holding import HeldRollback
 from waiting import wait_for
 
 from lifecycle_es import EventStore, RunnerLifecycle, audit
 from lifecycle_es.canonical import iso_ms
 from lifecycle_es.events import LeaseAcquired
 from lifecycle_es.replay import load, stream_pages
-from lifecycle_es.store import WriteTransaction
 from lifecycle_es.testing import RUNNER_DEFAULTS, START_MS, FakeClock, SequentialIds
 from lifecycle_es.values import ProxyAuthority
 from projections import (
@@ -171,35 +171,16 @@ def test_a_read_beside_a_batch_that_rolls_back_never_sees_it(runners: EventStore
     before = read(store)
     watch = LockWatch(store._lock)
     store._lock = watch  # type: ignore[assignment]
-    entered, gate = threading.Event(), threading.Event()
     version = store.stream_version("runner-b")
     lease = LeaseAcquired(lease_id="lease-x", session_id="s-x", lease_generation=1, issued_at=iso_ms(START_MS),
                           expires_at=iso_ms(START_MS + HOUR), proxy_authority=proxy())
-
-    def appends_then_fails(tx: WriteTransaction) -> None:
-        tx.append("runner-b", [lease], expected_version=version)  # the read models follow it
-        entered.set()
-        assert gate.wait(20)
-        raise RuntimeError("rolled back")
-
-    failed: list[BaseException] = []
-
-    def write() -> None:
-        try:
-            store.commit("write", appends_then_fails)
-        except RuntimeError as exc:
-            failed.append(exc)
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    assert entered.wait(20)
+    held = HeldRollback(store, "runner-b", [lease], expected_version=version)  # the read models follow it
     seen: list[Any] = []
     reader = threading.Thread(target=lambda: seen.append(read(store)))
     reader.start()
     # The reader either read the batch's rows (no lock) or waits for the lock the batch holds.
     assert wait_for(lambda: watch.waited.is_set() or not reader.is_alive())
-    gate.set()
-    writer.join(20)
+    held.release()
     reader.join(20)
-    assert not reader.is_alive() and len(failed) == 1
+    assert not reader.is_alive()
     assert seen == [before]
