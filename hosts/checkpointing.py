@@ -22,7 +22,7 @@ from lifecycle_es.checkpoints import Checkpoint
 from lifecycle_es.errors import InvalidInputError, LifecycleError
 from lifecycle_es.signing import Signer
 from lifecycle_es.store import EventStore
-from lifecycle_es.values import safe_int
+from lifecycle_es.values import safe_int, safe_number, safe_progress, safe_stop
 
 DEFAULT_EVERY = 1000
 DEFAULT_SECONDS = 60.0
@@ -42,9 +42,8 @@ class Checkpointer:
             raise InvalidInputError("every", "every or seconds must say when to sign a checkpoint")
         if every is not None:
             safe_int(every, "every", 1)
-        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-                                    or not 0 < seconds <= 86_400):
-            raise InvalidInputError("seconds", f"seconds is invalid: {seconds!r} (0 < s <= 86400)")
+        if seconds is not None:
+            safe_number(seconds, "seconds", 0, 86_400, above=True)
         self._store = store
         self._signer = signer
         self._every = every
@@ -80,6 +79,10 @@ class Checkpointer:
         A failure to sign (the checkpoint file unwritable) goes to `on_error` and is tried again on the
         next tick: the host goes on serving its units.
         """
+        safe_stop(stop_event, "stop_event")
+        safe_number(poll_interval, "poll_interval", 0, 3600, above=True)
+        safe_progress(on_checkpoint, "on_checkpoint", "(checkpoint)")
+        safe_progress(on_error, "on_error", "(exception)")
         final = False
         while not final:
             final = stop_event.wait(poll_interval)

@@ -42,7 +42,7 @@ from lifecycle_es.errors import InvalidInputError, StaleFenceError
 from lifecycle_es.events import UnitRecord, UnitStarted, UnitStarting, UnitStopped
 from lifecycle_es.lifecycle import RunnerLifecycle
 from lifecycle_es.receipts import LeaseReceipt
-from lifecycle_es.values import shown
+from lifecycle_es.values import safe_choice, safe_number, safe_progress, safe_stop, shown
 
 from .child import ChildUnits
 from .driver import DriverOptions, UnitDriver, sent_signals
@@ -72,10 +72,8 @@ class LocalHost(Reconciler):
                  env: Mapping[str, str] | None = None, token_dir: str | None = None) -> None:
         if not isinstance(lifecycle, RunnerLifecycle):
             raise InvalidInputError("lifecycle", f"lifecycle must be a RunnerLifecycle, got {type(lifecycle).__name__}")
-        if mode not in MODES:
-            raise InvalidInputError("mode", f"mode must be 'child' or 'systemd', got {mode!r}")
-        if scope not in ("system", "user"):
-            raise InvalidInputError("scope", f"scope must be 'system' or 'user', got {scope!r}")
+        safe_choice(mode, "mode", tuple(MODES))
+        safe_choice(scope, "scope", ("system", "user"))
         for name, value in (("stop_timeout_ms", stop_timeout_ms), ("park_threshold_ms", park_threshold_ms)):
             if type(value) is not int or not 0 <= value <= 86_400_000:
                 raise InvalidInputError(name, f"{name} must be an int in 0..86400000, got {value!r}")
@@ -235,6 +233,10 @@ class LocalHost(Reconciler):
     def serve(self, stop_event: threading.Event, *, poll_interval: float = 0.05, tick: float = 1.0,
               on_actions: Callable[[list[Action]], None] | None = None) -> None:
         """Reconcile until `stop_event` is set: on every new event in the log and every `tick` seconds."""
+        safe_stop(stop_event, "stop_event")
+        safe_number(poll_interval, "poll_interval", 0, 3600, above=True)
+        safe_number(tick, "tick", 0, 86_400)
+        safe_progress(on_actions, "on_actions", "(actions)")
         store = self.lifecycle.store
         seen = -1
         waited = tick

@@ -49,7 +49,7 @@ import msgspec
 
 from lifecycle_es.errors import InvalidInputError, LifecycleError
 from lifecycle_es.files import UnsafeFileError
-from lifecycle_es.values import shown
+from lifecycle_es.values import not_plain, shown
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # A pipe holds 64 KiB on Linux by default: a token that fits is written without waiting on the reader.
@@ -198,12 +198,12 @@ def token_bytes(token: str | bytes) -> bytes:
 
     The message of a refusal never shows the token.
     """
-    if isinstance(token, str):
+    if type(token) is str:
         data = token.encode("utf-8")
     elif isinstance(token, bytes | bytearray):
         data = bytes(token)
-    else:
-        raise InvalidInputError("token", f"token must be str or bytes, got {type(token).__name__}")
+    else:  # a str subclass too: its encode() is its own to answer
+        raise InvalidInputError("token", f"token must be a plain str or bytes, got {type(token).__name__}")
     if not 1 <= len(data) <= MAX_TOKEN_BYTES:
         raise InvalidInputError("token", f"token must be 1..{MAX_TOKEN_BYTES} bytes, got {len(data)}")
     return data
@@ -214,8 +214,9 @@ def safe_command(command: Sequence[str]) -> list[str]:
     if isinstance(command, str | bytes) or not isinstance(command, Sequence) or not command:
         raise InvalidInputError("command", f"command must be a non-empty list of strings, got {shown(command)}")
     for arg in command:
-        if not isinstance(arg, str) or "\0" in arg:
-            raise InvalidInputError("command", f"command argument {shown(arg)} is not a string without NUL")
+        if type(arg) is not str or "\0" in arg:
+            raise not_plain(arg, "command") or InvalidInputError(
+                "command", f"command argument {shown(arg)} is not a string without NUL")
     if not command[0]:
         raise InvalidInputError("command", "command[0] is empty")
     return list(command)
@@ -230,10 +231,11 @@ def safe_env(env: Mapping[str, str] | None) -> dict[str, str]:
         raise InvalidInputError("env", f"env must be a mapping of str to str, got {type(env).__name__}")
     out = {}
     for name, value in env.items():
-        if not isinstance(name, str) or ENV_NAME_RE.fullmatch(name) is None:
-            raise InvalidInputError("env", f"env name {shown(name)} is not an identifier")
-        if not isinstance(value, str) or "\0" in value or "\n" in value:
-            raise InvalidInputError("env", f"env value of {name} must be a string without NUL or newline")
+        if type(name) is not str or ENV_NAME_RE.fullmatch(name) is None:
+            raise not_plain(name, "env") or InvalidInputError("env", f"env name {shown(name)} is not an identifier")
+        if type(value) is not str or "\0" in value or "\n" in value:
+            raise not_plain(value, "env") or InvalidInputError(
+                "env", f"env value of {name} must be a string without NUL or newline")
         out[name] = value
     return out
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import TracebackType
 
 from lifecycle_es.errors import EXIT_HELD, InvalidInputError
-from lifecycle_es.values import safe_id, shown
+from lifecycle_es.values import not_plain, safe_id, shown
 
 from .proc import HostError
 
@@ -121,8 +121,8 @@ def safe_run_root(value: object) -> str:
     if not isinstance(value, str | os.PathLike):
         raise InvalidInputError("run_root", f"run_root must be a path, got {type(value).__name__}")
     text = os.fspath(value)
-    if not isinstance(text, str):
-        raise InvalidInputError("run_root", "run_root must be a text path, not bytes")
+    if type(text) is not str:
+        raise not_plain(text, "run_root") or InvalidInputError("run_root", "run_root must be a text path, not bytes")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lifecycle_es.canonical import iso_ms
-from lifecycle_es.errors import EXIT_FENCED, EXIT_HELD, HostFencedError, StoreBusyError
+from lifecycle_es.errors import EXIT_FENCED, EXIT_HELD, HostFencedError, InvalidInputError, StoreBusyError
 from lifecycle_es.lifecycle import RunnerLifecycle
 from lifecycle_es.store import EventStore
+from lifecycle_es.values import safe_callable, safe_number, safe_progress, safe_stop
 
 from .lease import FencedDriver, LeaseKeeper, LeaseRenewer
 from .local import LocalHost
@@ -64,6 +65,13 @@ class HostServer:
                  make_host: Callable[[RunnerLifecycle, LeaseKeeper], LocalHost], holder: str, ttl_ms: int,
                  grace_ms: int, tick: float = 1.0, poll_interval: float = 0.05, no_wait: bool = False,
                  report: Report | None = None, on_stuck: Callable[[HostFencedError], None] | None = None) -> None:
+        safe_callable(make_host, "make_host", "(lifecycle, keeper)")
+        safe_number(tick, "tick", 0, 86_400)
+        safe_number(poll_interval, "poll_interval", 0, 3600, above=True)
+        if type(no_wait) is not bool:
+            raise InvalidInputError("no_wait", f"no_wait is invalid: a {type(no_wait).__name__} is not a bool")
+        safe_progress(report, "report", "(kind, fields)")
+        safe_progress(on_stuck, "on_stuck", "(error)")
         self.store = store
         self._make_host = make_host
         self.holder = holder
@@ -91,6 +99,8 @@ class HostServer:
 
         `on_tick` is called once per turn of the loop, after every runner was looked at (a heartbeat).
         """
+        safe_stop(stop)
+        safe_progress(on_tick, "on_tick", "nothing")
         renewer = LeaseRenewer(self.store.path, self.keepers, on_error=self._renew_failed,
                                on_renewed=self._renewed).start()
         done = threading.Event()

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from lifecycle_es.errors import InvalidInputError
 from lifecycle_es.events import UnitRecord
-from lifecycle_es.values import Resources, safe_id, shown
+from lifecycle_es.values import Resources, not_plain, safe_id, shown
 
 from .driver import DriverOptions
 from .proc import (
@@ -143,8 +143,9 @@ class SystemdUnits:
         safe_id(lease_id, "lease_id")
         run_path = Path(run_dir)
         unit = unit if unit is not None else self.new_unit_name(lease_id)
-        if not isinstance(unit, str) or UNIT_SAFE.fullmatch(unit) is None:
-            raise InvalidInputError("unit", f"unit name {shown(unit)} is not safe (1-200 of A-Z a-z 0-9 : _ . -)")
+        if type(unit) is not str or UNIT_SAFE.fullmatch(unit) is None:
+            raise not_plain(unit, "unit") or InvalidInputError(
+                "unit", f"unit name {shown(unit)} is not safe (1-200 of A-Z a-z 0-9 : _ . -)")
         path = self.token_file(unit)
         argv = systemd_run_argv(
             unit=unit, command=command, scope=self.scope, user=self.user, group=self.group,

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from lifecycle_es.errors import EXIT_DATAERR, EXIT_FENCED, EXIT_HELD, EXIT_SOFTWARE, InvalidInputError
-from lifecycle_es.values import Resources, safe_id, shown
+from lifecycle_es.values import Resources, not_plain, safe_choice, safe_id, shown
 
 from .proc import EXIT_OUT_OF_MEMORY, SAFE_PATH, safe_command, safe_env
 
@@ -47,15 +47,17 @@ Scope = Literal["system", "user"]
 def property_path(value: str | os.PathLike[str], field: str) -> str:
     """An absolute path fit for a ``-p Name=value`` property: no whitespace or control characters."""
     text = os.fspath(value)
-    if not isinstance(text, str) or _PROPERTY_PATH_RE.fullmatch(text) is None:
-        raise InvalidInputError(field, f"{field} must be an absolute path without whitespace, got {shown(text)}")
+    if type(text) is not str or _PROPERTY_PATH_RE.fullmatch(text) is None:
+        raise not_plain(text, field) or InvalidInputError(
+            field, f"{field} must be an absolute path without whitespace, got {shown(text)}")
     return text
 
 
 def _account(value: str, field: str) -> str:
     """A user or group name (or numeric id) as User=/Group= takes it."""
-    if not isinstance(value, str) or _USER_RE.fullmatch(value) is None:
-        raise InvalidInputError(field, f"{field} is not a user or group name: {shown(value)}")
+    if type(value) is not str or _USER_RE.fullmatch(value) is None:
+        raise not_plain(value, field) or InvalidInputError(
+            field, f"{field} is not a user or group name: {shown(value)}")
     return value
 
 
@@ -75,11 +77,11 @@ def systemd_run_argv(*, unit: str, command: Sequence[str], scope: Scope = "syste
     ``ExecStopPost=+`` line each time the main process ends: a transient unit that exits cleanly is
     garbage-collected at once, and with it the only other record of how it ended.
     """
-    if not isinstance(unit, str) or UNIT_SAFE.fullmatch(unit) is None:
-        raise InvalidInputError("unit", f"unit name {shown(unit)} is not safe (1-200 of A-Z a-z 0-9 : _ . -)")
+    if type(unit) is not str or UNIT_SAFE.fullmatch(unit) is None:
+        raise not_plain(unit, "unit") or InvalidInputError(
+            "unit", f"unit name {shown(unit)} is not safe (1-200 of A-Z a-z 0-9 : _ . -)")
     argv_command = safe_command(command)
-    if scope not in ("system", "user"):
-        raise InvalidInputError("scope", f"scope must be 'system' or 'user', got {shown(scope)}")
+    safe_choice(scope, "scope", ("system", "user"))
     if scope == "system" and (user is None or group is None):
         raise InvalidInputError("user", "system scope needs the user and group the unit runs as "
                                         "(as root, name an unprivileged user)")
@@ -89,8 +91,8 @@ def systemd_run_argv(*, unit: str, command: Sequence[str], scope: Scope = "syste
         raise InvalidInputError("stop_timeout_ms", f"stop_timeout_ms must be an integer >= 0, "
                                                    f"got {shown(stop_timeout_ms)}")
     text = description if description is not None else f"lifecycle-es unit {unit}"
-    if not isinstance(text, str) or any(ch in text for ch in "\0\n\r"):
-        raise InvalidInputError("description", "description must be one line of text")
+    if type(text) is not str or any(ch in text for ch in "\0\n\r"):
+        raise not_plain(text, "description") or InvalidInputError("description", "description must be one line of text")
     argv = [systemd_run] + (["--user"] if scope == "user" else []) + [
         f"--unit={unit}", f"--description={text}", "--service-type=exec", "--quiet",
         "-p", "KillMode=control-group",

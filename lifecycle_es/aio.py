@@ -38,7 +38,7 @@ from .receipts import DrainParkSnapshot, HookReceipt, LeaseParkSnapshot, LeaseRe
 from .seal import Seal
 from .state import RunnerState
 from .store import EventStore, WriteTransaction
-from .values import safe_int
+from .values import safe_callable, safe_int
 
 __all__ = ["DEFAULT_THREADS", "AsyncEventStore", "AsyncRunnerLifecycle"]
 
@@ -88,6 +88,7 @@ class AsyncEventStore:
 
         Once `close` has begun, StoreError (as the synchronous store raises once closed).
         """
+        safe_callable(call, "call", "the arguments given")
         if self._closed:
             # The pool is shut down: its RuntimeError would be no LifecycleError, and say nothing of the store.
             raise StoreError(f"the store {self.store.path!r} was closed: open it again to use it")

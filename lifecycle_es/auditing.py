@@ -44,6 +44,7 @@ from .files import text_path
 from .log import RecordedEvent
 from .runner import LEASE_STATUSES, STATES
 from .store import EventStore
+from .values import not_plain, safe_progress
 from .walk import MAX_JOBS, Found, Streams, Walked, counted, open_for_audit, owners, received, reopened, split, walk
 from .workers import Workers
 
@@ -176,11 +177,10 @@ def audit(target: str | os.PathLike[str] | EventStore, *, key: bytes | None = No
     must verify with one of them, and the log must still hold the head it signed. Without `trust` a
     checkpoint file is not read (a warning says so when one lies beside the store).
     """
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
-        raise InvalidInputError("jobs", f"jobs is invalid: {jobs!r} is not a count of worker processes "
-                                        f"(1..{MAX_JOBS})")
-    if progress is not None and not callable(progress):
-        raise InvalidInputError("progress", "progress must be a callable taking (done, total), or None")
+    if type(jobs) is not int or not 1 <= jobs <= MAX_JOBS:  # a bool, or a subclass that may answer otherwise
+        raise not_plain(jobs, "jobs") or InvalidInputError(
+            "jobs", f"jobs is invalid: {jobs!r} is not a count of worker processes (1..{MAX_JOBS})")
+    safe_progress(progress)
     if key is not None and (not isinstance(key, bytes | bytearray) or len(key) != 32):
         raise InvalidInputError("key", "key must be 32 bytes")
     seal_path = text_path(seal, "seal") if seal is not None else None
@@ -239,7 +239,9 @@ def _audit(store: EventStore, key: bytes | None, seal_path: str | None, jobs: in
     if store.key_id is not None and key is None:
         raise StoreKeyError("the store is keyed: its hashes are MACs, so auditing it needs its key")
     report = AuditReport(path=store.path, keyed=store.keyed)
-    with store.backend.read_tx("audit"):
+    # The lock for the whole pass: an open store's connection may serve a batch of another thread's writes,
+    # which the audit must neither read nor run its read transaction inside.
+    with store.lock, store.backend.read_tx("audit"):
         _prove(store, report, key, seal_path, jobs, progress, reopen or reopened(store))
         if signed is not None:
             check_checkpoints(store, report, *signed)

@@ -63,7 +63,7 @@ def assert_lease_authority(profile: LeaseProfile | Mapping[str, Any], target: st
     target = safe_target(target)
     path = profile.authority_file
     # A store on a server is named by its URL (a receipt's authority_file is the store's path).
-    if (not isinstance(path, str) or not (is_url(path) or os.path.isabs(path)) or len(path) > 4096
+    if (type(path) is not str or not (is_url(path) or os.path.isabs(path)) or len(path) > 4096
             or "\0" in path):
         raise InvalidInputError("profile.authority_file", f"runner authority file is invalid: {shown(path)} is not "
                                                           "an absolute path or a store URL (take the profile from a "

@@ -21,7 +21,7 @@ from msgspec import UNSET, UnsetType
 
 from .canonical import PLAIN_TYPES, struct_bytes, structs_bytes
 from .errors import IntegrityError, InvalidInputError
-from .values import ProxyAuthority, Resources
+from .values import ProxyAuthority, Resources, not_plain, shown
 
 RUNNER_SCHEMA = "cc-execution-location-runner-lifecycle/v1"
 
@@ -55,6 +55,15 @@ MAX_ARG_CHARS = 8_192
 """... of at most this many characters each."""
 MIN_HOST_LEASE_TTL_MS = 1_000
 MAX_HOST_LEASE_TTL_MS = 3_600_000
+
+
+def safe_holder(holder: object) -> str:
+    """A host lease holder's name (1-255 printable ASCII characters, no space) as a plain str, or InvalidInputError."""
+    if type(holder) is not str or HOST_LABEL_RE.fullmatch(holder) is None:
+        raise not_plain(holder, "holder") or InvalidInputError(
+            "holder", f"holder is invalid: {shown(holder)} is not 1-255 printable ASCII characters without space "
+                      "(host name/boot id/instance id)")
+    return holder
 """``HostLeaseAcquired.ttl_ms``: a host lease lives 1 s .. 1 h between renewals."""
 
 

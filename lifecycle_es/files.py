@@ -28,7 +28,7 @@ import stat
 from collections.abc import Iterator
 
 from .errors import InvalidInputError
-from .values import shown
+from .values import MAX_PATH_CHARS, not_plain, shown
 
 CHUNK = 1 << 20
 
@@ -52,7 +52,7 @@ class UnsafeFileError(OSError):
 
 
 def text_path(value: object, field: str) -> str:
-    """`value` as a non-empty text path without NUL, or InvalidInputError naming `field`.
+    """`value` as a non-empty text path of at most 4096 characters without NUL, or InvalidInputError naming `field`.
 
     A path is also refused when it is not UTF-8 text: a lone surrogate (what Python makes of a byte
     of a command-line argument that is not UTF-8) cannot be handed to SQLite, which names files in
@@ -60,8 +60,12 @@ def text_path(value: object, field: str) -> str:
     different files.
     """
     text = os.fspath(value) if isinstance(value, str | os.PathLike) else None
-    if not isinstance(text, str) or not text or "\0" in text:
-        raise InvalidInputError(field, f"{field} is invalid: {shown(value)} is not a text path")
+    if type(text) is not str or not text or "\0" in text:
+        raise not_plain(text, field) or InvalidInputError(field, f"{field} is invalid: {shown(value)} is not a text "
+                                                                 "path")
+    if len(text) > MAX_PATH_CHARS:  # beyond what the operating system names (PATH_MAX), or a URL as long
+        raise InvalidInputError(field, f"{field} is invalid: {shown(text)} is {len(text):,} characters long, more "
+                                       f"than the {MAX_PATH_CHARS} a path may have")
     try:
         same = os.fsencode(text) == text.encode("utf-8")
     except UnicodeEncodeError:

@@ -33,14 +33,15 @@ less than `linger_ms` ago. A store that was idle never lingers.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import StoreIOError
-from .values import safe_int
+from .errors import InvalidInputError, StoreIOError
+from .values import safe_action, safe_callable, safe_id, safe_int, safe_number
 
 if TYPE_CHECKING:
     from .store import EventStore, WriteTransaction
@@ -49,6 +50,25 @@ T = TypeVar("T")
 
 DEFAULT_MAX_BATCH = 64
 DEFAULT_LINGER_MS = 1.0
+
+
+_DONE = frozenset({type(None), tuple, list, dict, int, str, bytes, bool})
+
+
+def worked(work: Callable[[WriteTransaction], T], tx: WriteTransaction) -> T:
+    """`work(tx)`, or InvalidInputError("work") when it returned work left undone: a coroutine or another
+    awaitable, a generator or another iterator (what an ``async def`` or a ``yield`` makes, or a lazy read) would
+    run after its transaction ended, if at all. Raised inside the transaction, so what `work` wrote rolls back."""
+    value = work(tx)
+    if type(value) in _DONE:  # what commands return: no ABC walk on the hot path
+        return value
+    if isinstance(value, Iterator | AsyncIterator) or inspect.isawaitable(value):
+        if inspect.iscoroutine(value) or inspect.isgenerator(value):
+            value.close()  # never run: no warning that it was never awaited, no body left suspended
+        raise InvalidInputError("work", f"work must do its work when called and return its result, not a "
+                                        f"{type(value).__name__}: a coroutine or an iterator would run after its "
+                                        "transaction ended (pass a plain function; read into a list inside it)")
+    return value
 
 
 class _Caller:
@@ -117,15 +137,10 @@ class GroupCommit:
 
     def tune(self, *, max_batch: int | None = None, linger_ms: float | None = None) -> None:
         """Set the most callers a batch holds (1..4096; 1 turns grouping off) and the longest a writer waits
-        for late arrivals while the store is busy (0..100 ms; 0: never)."""
-        if max_batch is not None:
-            self.max_batch = safe_int(max_batch, "max_batch", 1, 4096)
-        if linger_ms is not None:
-            if isinstance(linger_ms, bool) or not isinstance(linger_ms, int | float) or not 0 <= linger_ms <= 100:
-                from .errors import InvalidInputError
-
-                raise InvalidInputError("linger_ms", f"linger_ms is invalid: {linger_ms!r} (0 <= ms <= 100)")
-            self.linger_ms = float(linger_ms)
+        for late arrivals while the store is busy (0..100 ms; 0: never). A refused value changes neither."""
+        batch = safe_int(max_batch, "max_batch", 1, 4096) if max_batch is not None else self.max_batch
+        linger = safe_number(linger_ms, "linger_ms", 0, 100) if linger_ms is not None else self.linger_ms
+        self.max_batch, self.linger_ms = batch, linger
 
     @property
     def queued(self) -> int:
@@ -134,14 +149,21 @@ class GroupCommit:
 
     def run(self, action: str, work: Callable[[WriteTransaction], T], stream: str | None = None) -> T:
         """`work(tx)` in a transaction shared with the callers of the same moment; its result once durable.
-        `stream`: the stream `work` reads and appends to, if it is one (its tail is read with the lock)."""
+        `stream`: the stream `work` reads and appends to, if it is one (its tail is read with the lock).
+        InvalidInputError, before anything runs, for an `action` that is no name of 1..256 characters, a `work` that
+        is not callable, a `stream` that is no id (and, from inside the transaction, for a `work` that returns a
+        coroutine or an iterator: see `worked`)."""
+        safe_action(action)
+        safe_callable(work, "work", "the write transaction")
+        if stream is not None:
+            safe_id(stream, "stream")
         if self._writer == threading.get_ident() or self._store.lock._is_owned():  # type: ignore[attr-defined]
             # A write from a thread that holds the store's lock (in a batch's work, a transaction of its own, a
             # `with store.lock` block): queued, it would wait for a writer that waits for that lock, or for
             # the very batch it is part of. So it is a transaction of its own at once, which the backend
             # refuses as nested when one is open, as it always has.
             with self._store.transaction(action) as tx:
-                return work(tx)
+                return worked(work, tx)
         caller = _Caller(action, work, stream)
         with self._mutex:
             lead = not self._leading
@@ -200,7 +222,7 @@ class GroupCommit:
             streams = [caller.stream for caller in batch if caller.stream is not None]
             with store.transaction(action, streams=streams) as tx:
                 if len(batch) == 1:
-                    batch[0].value = batch[0].work(tx)  # alone: its error rolls back the transaction
+                    batch[0].value = worked(batch[0].work, tx)  # alone: its error rolls back the transaction
                 else:
                     self._each(tx, batch)
                 committing = True  # what fails from here on fails the commit
@@ -243,7 +265,7 @@ class GroupCommit:
             savepoint = backend.savepoint(caller.action)
             try:
                 with savepoint:
-                    caller.value = caller.work(tx)
+                    caller.value = worked(caller.work, tx)
             except Exception as exc:
                 caller.error = exc
                 self._store._rollbacks += 1  # its writes are undone: what a projector kept of them is stale

@@ -31,7 +31,7 @@ from .replay import EMPTY, Folded, load, write_snapshot
 from .runner import apply
 from .state import RunnerState
 from .store import EventStore, WriteTransaction
-from .values import MAX_PATH_CHARS, Resources, safe_digest, safe_id, safe_int, safe_path, safe_target, shown
+from .values import MAX_PATH_CHARS, Resources, not_plain, safe_digest, safe_id, safe_int, safe_path, safe_target, shown
 
 DEFAULT_SNAPSHOT_EVERY = 64
 
@@ -53,8 +53,9 @@ def normalize_base_dir(base_dir: object) -> str:
     if not isinstance(base_dir, str | os.PathLike):
         raise InvalidInputError("base_dir", f"runner base_dir is invalid: {type(base_dir).__name__} is not a path")
     text = os.fspath(base_dir)
-    if not isinstance(text, str):
-        raise InvalidInputError("base_dir", f"runner base_dir is invalid: {shown(text)} is bytes (pass a str path)")
+    if type(text) is not str:
+        raise not_plain(text, "base_dir") or InvalidInputError(
+            "base_dir", f"runner base_dir is invalid: {shown(text)} is bytes (pass a str path)")
     if not text:
         raise InvalidInputError("base_dir", "runner base_dir is invalid: it is empty (pass an absolute directory)")
     if len(text) > MAX_PATH_CHARS:
@@ -211,7 +212,7 @@ class RunnerHandle:
 
     def _lease_id(self) -> str:
         value = self._random_id()
-        if not isinstance(value, str):
-            raise InvalidInputError("random_id", f"random_id() must return a str, got {type(value).__name__}")
+        if type(value) is not str:  # a subclass's format() is its own to answer
+            raise InvalidInputError("random_id", f"random_id() must return a plain str, got {type(value).__name__}")
         return safe_id(f"lease-{value}", "random_id")
 

@@ -21,23 +21,15 @@ from __future__ import annotations
 
 from .canonical import iso_ms
 from .errors import HostLeaseHeldError, InvalidInputError
-from .events import HOST_LABEL_RE, MAX_HOST_LEASE_TTL_MS, MIN_HOST_LEASE_TTL_MS, HostLeaseAcquired
+from .events import MAX_HOST_LEASE_TTL_MS, MIN_HOST_LEASE_TTL_MS, HostLeaseAcquired, safe_holder
 from .handle import RunnerHandle, UnknownRunnerError
 from .host_fence import HostLeaseGrant, check_grant
 from .replay import Folded
 from .runner import apply
-from .values import safe_int, shown
+from .values import safe_int
 
 DEFAULT_HOST_LEASE_TTL_MS = 15_000
 DEFAULT_HOST_LEASE_GRACE_MS = 2_000
-
-
-def safe_holder(holder: object) -> str:
-    """A host lease holder's name (1-255 printable ASCII characters, no space), or InvalidInputError."""
-    if type(holder) is not str or HOST_LABEL_RE.fullmatch(holder) is None:
-        raise InvalidInputError("holder", f"holder is invalid: {shown(holder)} is not 1-255 printable ASCII "
-                                          "characters without space (host name/boot id/instance id)")
-    return holder
 
 
 class HostLeaseCommands(RunnerHandle):

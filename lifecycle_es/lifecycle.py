@@ -62,7 +62,7 @@ from .runner import (
 )
 from .state import RunnerState
 from .store import WriteTransaction
-from .values import ProxyAuthority, safe_digest, safe_id, safe_int, shown
+from .values import ProxyAuthority, safe_choice, safe_digest, safe_id, safe_int, shown
 
 DEFAULT_TTL_MS = 10 * 60 * 1000
 DEFAULT_DRAIN_MS = 30_000
@@ -239,9 +239,7 @@ class RunnerLifecycle(HostLeaseCommands):
                    reason: str) -> LeaseParkSnapshot:
         """End an active lease without finishing (checkout-failure, lost-poll, resource-limit)."""
         result_digest = safe_digest(result_digest, "result_digest")
-        if reason not in PARK_REASONS:
-            raise InvalidInputError("reason", f"execution location park reason is invalid: {shown(reason)} is not one "
-                                              f"of {', '.join(PARK_REASONS)}")
+        safe_choice(reason, "reason", PARK_REASONS, "execution location park reason")
         lease_id = safe_id(lease_id, "lease_id")
         lease_generation = _generation(lease_generation, "lease_generation")
 

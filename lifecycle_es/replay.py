@@ -90,7 +90,8 @@ def proven_state(store: EventStore, stream: str, version: int, seq: int, blob: b
 def snapshot_of(store: EventStore, stream: str) -> Folded | None:
     """The stream's snapshot, if there is one, its tag proves it, and the log still holds its event."""
     try:
-        found = store.backend.snapshot(stream)
+        with store.lock:  # committed only: another thread's batch may hold a snapshot it has not committed
+            found = store.backend.snapshot(stream)
     except StoreError:
         return None
     if found is None:
@@ -123,16 +124,30 @@ def load(store: EventStore, stream: str, *, base: Folded | None = None, use_snap
             if snap is not None and (until_seq is None or snap.seq <= until_seq):
                 base = snap
     folding = Fold(base)
-    for row in _stream_rows(store, stream, base.version):
+    for row in _rows(stream_pages(store, stream, base.version)):
         if until_seq is not None and row[0] > until_seq:
             break
         folding.add_row(row)
     return folding.folded()
 
 
-def _stream_rows(store: EventStore, stream: str, after_version: int) -> Iterator[Row]:
-    """`store.read_stream` as backend rows: a replay keeps no event, so it makes no RecordedEvent either."""
-    for rows in store.backend.stream_pages(stream, after_version=after_version):
+def stream_pages(store: EventStore, stream: str, after_version: int = 0) -> Iterator[list[Row]]:
+    """`store.read_stream` as pages of backend rows (a replay keeps no event, so it makes no RecordedEvent).
+
+    Each page is read under the store's lock and none is held between them, as every read of the store is:
+    one connection serves all its threads, and a batch another thread has open on it is never read.
+    """
+    return store.locked_pages(store.backend.stream_pages(stream, after_version=after_version))
+
+
+def log_pages(store: EventStore, after: int = 0) -> Iterator[list[Row]]:
+    """The log's rows after seq `after` as pages of backend rows, each read under the store's lock (see
+    `stream_pages`)."""
+    return store.locked_pages(store.backend.pages(after=after, stream=None))
+
+
+def _rows(pages: Iterator[list[Row]]) -> Iterator[Row]:
+    for rows in pages:
         yield from rows
 
 
@@ -250,7 +265,7 @@ def fold_log(store: EventStore, *, until_seq: int | None = None,
     """
     folds: dict[str, Fold] = {}
     get = folds.get
-    for rows in store.backend.pages(after=0, stream=None):
+    for rows in log_pages(store):
         for row in rows:
             if until_seq is not None and row[0] > until_seq:
                 return folds

@@ -47,7 +47,7 @@ def unb64(text: str) -> bytes | None:
 
 
 def _check_name(name: object, field: str) -> str:
-    if not isinstance(name, str) or not NAME.fullmatch(name) or len(name) > MAX_NAME_CHARS:
+    if type(name) is not str or not NAME.fullmatch(name) or len(name) > MAX_NAME_CHARS:
         raise InvalidInputError(field, f"{field} is invalid: {shown(name)} is not a key name (1 to "
                                        f"{MAX_NAME_CHARS} characters, no space, no '+', no control character)")
     return name

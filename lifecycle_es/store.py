@@ -51,7 +51,7 @@ from .log import Head, RecordedEvent, VerifyReport
 from .seal import Seal, check_seal, read_seal, write_seal
 from .transaction import WriteTransaction as WriteTransaction  # re-exported: where it was always imported from
 from .transaction import _Fencing
-from .values import safe_id, safe_int, shown
+from .values import safe_choice, safe_id, safe_int, safe_number, safe_progress, safe_stop, shown
 from .verify import verify_rows, well_formed_at
 
 if TYPE_CHECKING:
@@ -141,15 +141,13 @@ class EventStore:
         then raise StoreIOError.
         """
         path = text_path(path, "path")
-        # isinstance first: an unhashable value must be refused, not raise TypeError on the lookup.
-        if not isinstance(durability, str) or durability not in ("full", "normal"):
-            raise InvalidInputError("durability", f"durability is invalid: {durability!r} (use 'full' or 'normal')")
+        safe_choice(durability, "durability", ("full", "normal"))
         safe_int(busy_timeout_ms, "busy_timeout_ms", 0, 3_600_000)
         key = _validate_key(key)
         if now is not None and not callable(now):
             raise InvalidInputError("now", "now must be a callable returning epoch milliseconds")
-        if vfs is not None and not isinstance(vfs, str):
-            raise InvalidInputError("vfs", f"vfs is invalid: {type(vfs).__name__} is not a VFS name")
+        if vfs is not None and type(vfs) is not str:
+            raise InvalidInputError("vfs", f"vfs is invalid: {type(vfs).__name__} is not a VFS name (a plain str)")
         if seal is not None:
             seal = text_path(seal, "seal")
         if not isinstance(read_only, bool):
@@ -385,12 +383,14 @@ class EventStore:
         return self._read_pages(after, stream, limit)
 
     def _read_pages(self, after: int, stream: str | None, limit: int | None) -> Iterator[RecordedEvent]:
-        for rows in self._paged(self._backend.pages(after=after, stream=stream, limit=limit)):
+        for rows in self.locked_pages(self._backend.pages(after=after, stream=stream, limit=limit)):
             for row in rows:
                 yield RecordedEvent(*row)
 
-    def _paged(self, pages: Iterator[list[Row]]) -> Iterator[list[Row]]:
-        """`pages`, each read under the lock (and none held between them)."""
+    def locked_pages(self, pages: Iterator[list[Row]]) -> Iterator[list[Row]]:
+        """`pages` (the backend's paged reads), each page read under the store's lock and the lock released
+        between pages: a reader never sees another thread's batch in flight, and never holds writers off
+        for a whole pass."""
         lock = self._lock
         while True:
             with lock:
@@ -406,7 +406,7 @@ class EventStore:
         return self._read_stream_pages(stream, after_version)
 
     def _read_stream_pages(self, stream: str, after_version: int) -> Iterator[RecordedEvent]:
-        for rows in self._paged(self._backend.stream_pages(stream, after_version=after_version)):
+        for rows in self.locked_pages(self._backend.stream_pages(stream, after_version=after_version)):
             for row in rows:
                 yield RecordedEvent(*row)
 
@@ -462,12 +462,11 @@ class EventStore:
         yielded: rows deleted, an older copy put back) raises IntegrityError at the first seq gone, and the
         store's files replaced underneath raise StoreFencedError (see `check_followed`).
         """
-        if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not (
-                0 < poll_interval <= 3600):
-            raise InvalidInputError("poll_interval", f"poll_interval is invalid: {poll_interval!r} (0 < s <= 3600)")
+        interval = safe_number(poll_interval, "poll_interval", 0, 3600, above=True)
         if stream is not None:
             safe_id(stream, "stream")
-        return following.follow_log(self, safe_int(after, "after"), poll_interval, stream, stop)
+        watched = None if stop is None else safe_stop(stop)
+        return following.follow_log(self, safe_int(after, "after"), interval, stream, watched)
 
     def check_followed(self, reached: int) -> None:
         """Check that the log still holds what a follower has yielded, up to seq `reached`.
@@ -503,7 +502,7 @@ class EventStore:
         """
         key = self._verify_key(key)
         with self._lock, self._backend.read_tx("verify"):
-            report = verify_rows(self._backend, self.store_id, key, progress)
+            report = verify_rows(self._backend, self.store_id, key, safe_progress(progress, takes="(done)"))
         if seal is not None:
             self.check_seal(text_path(seal, "seal"), key=key)
         return report

@@ -18,9 +18,10 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .backend import HostLeaseRow
-from .errors import StoreBehindSealError, StoreError, StoreFencedError, StoreIOError
-from .events import Event
+from .errors import InvalidInputError, StoreBehindSealError, StoreError, StoreFencedError, StoreIOError
+from .events import Event, safe_holder
 from .log import RecordedEvent
+from .values import not_plain, safe_action, safe_id, safe_int
 
 if TYPE_CHECKING:
     from .store import EventStore
@@ -58,7 +59,13 @@ class WriteTransaction:
 
     def __init__(self, store: EventStore, action: str, streams: Sequence[str] = ()) -> None:
         self._store = store
-        self._action = action
+        self._action = safe_action(action)
+        # A list or tuple: a str is a sequence of its characters, and any other iterable may be read once only.
+        if type(streams) is not list and type(streams) is not tuple:
+            raise not_plain(streams, "streams") or InvalidInputError(
+                "streams", f"streams is invalid: a {type(streams).__name__} is not a list of stream ids")
+        for stream in streams:
+            safe_id(stream, "streams")
         self._streams = streams
         self._context: Any = None
         self._thread: int | None = None  # the thread that holds it open, while it is open
@@ -121,7 +128,7 @@ class WriteTransaction:
     def stream_version(self, stream: str) -> int:
         """The stream's version as of this transaction (read under the lock)."""
         # The tail, not the version alone: an append that follows in this transaction reuses the read.
-        return self._open()._backend.tail(stream)[0]
+        return self._open()._backend.tail(safe_id(stream, "stream"))[0]
 
     def read_stream(self, stream: str, *, after_version: int = 0) -> Iterable[RecordedEvent]:
         """The stream's events after a version, as of this transaction."""
@@ -129,17 +136,20 @@ class WriteTransaction:
 
     def host_lease(self, stream: str) -> HostLeaseRow | None:
         """The runner's host lease row as of this transaction (read under the lock; see `lifecycle_es.host_lease`)."""
-        return self._open()._backend.host_lease(stream)
+        return self._open()._backend.host_lease(safe_id(stream, "stream"))
 
     def lease_clock(self, now_ms: int) -> int:
         """The time host leases are judged at in this transaction: the database's clock where it has one (a
         server), else `now_ms` (the time the transaction stamps)."""
+        safe_int(now_ms, "now_ms")
         database = self._open()._backend.clock_ms()
         return now_ms if database is None else database
 
     def put_host_lease(self, stream: str, holder: str, token: int, expires_ms: int) -> None:
         """Write the runner's host lease row in this transaction (a renewal is no event)."""
-        self._open()._backend.put_host_lease(stream, holder, token, expires_ms)
+        store = self._open()
+        store._backend.put_host_lease(safe_id(stream, "stream"), safe_holder(holder), safe_int(token, "token"),
+                                      safe_int(expires_ms, "expires_ms"))
 
     def append(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
                at: str | None = None) -> list[RecordedEvent]:

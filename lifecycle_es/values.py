@@ -33,27 +33,108 @@ def shown(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def not_plain(value: object, field: str) -> InvalidInputError | None:
+    """The InvalidInputError of a value of a subclass of str, int or float (None for any other value).
+
+    A subclass can answer ``==``, ``hash``, ``str()`` and ``encode()`` otherwise than its characters or its
+    number do: one that passed a check as one id, choice or bound could be stored, hashed or compared as
+    another. So where a plain value is asked for, only that type itself is taken (a bool, which cannot be
+    subclassed, is left to the caller's own check). The message shows the
+    type's name only: the value's own ``repr`` is the subclass's to answer.
+    """
+    kind = type(value)
+    # bool cannot be subclassed, and answers as its own value: the callers' own messages refuse it.
+    if kind in (str, int, float, bool) or not isinstance(value, str | int | float):
+        return None
+    base = "str" if isinstance(value, str) else ("int" if isinstance(value, int) else "float")
+    return InvalidInputError(field, f"{field} is invalid: a {kind.__name__} (a subclass of {base}) is not a plain "
+                                    f"{base}: pass a plain {base}")
+
+
 def safe_id(value: object, field: str) -> str:
-    """An identifier: 1-256 of ``A-Z a-z 0-9 . _ : @ + -``, starting alphanumeric; or InvalidInputError."""
-    if not isinstance(value, str) or ID_RE.fullmatch(value) is None:
-        raise InvalidInputError(field, f"{field} is invalid: {shown(value)} is not an id "
-                                       "(1-256 of A-Z a-z 0-9 . _ : @ + -, starting alphanumeric)")
+    """An identifier: 1-256 of ``A-Z a-z 0-9 . _ : @ + -``, starting alphanumeric, as a plain str; or
+    InvalidInputError."""
+    if type(value) is not str or ID_RE.fullmatch(value) is None:
+        raise not_plain(value, field) or InvalidInputError(
+            field, f"{field} is invalid: {shown(value)} is not an id (1-256 of A-Z a-z 0-9 . _ : @ + -, starting "
+                   "alphanumeric)")
     return value
 
 
 def safe_digest(value: object, field: str) -> str:
-    """A ``sha256:<64 hex>`` digest, or InvalidInputError."""
-    if not isinstance(value, str) or DIGEST_RE.fullmatch(value) is None:
-        raise InvalidInputError(field, f"{field} is invalid: {shown(value)} is not sha256:<64 lowercase hex>")
+    """A ``sha256:<64 hex>`` digest as a plain str, or InvalidInputError."""
+    if type(value) is not str or DIGEST_RE.fullmatch(value) is None:
+        raise not_plain(value, field) or InvalidInputError(
+            field, f"{field} is invalid: {shown(value)} is not sha256:<64 lowercase hex>")
     return value
+
+
+def safe_choice(value: object, field: str, choices: tuple[str, ...], what: str | None = None) -> str:
+    """One of `choices`, as a plain str, or InvalidInputError naming `field` (`what`: the value's name in the
+    message, default the field) and the choices."""
+    if type(value) is not str or value not in choices:
+        raise not_plain(value, field) or InvalidInputError(
+            field, f"{what or field} is invalid: {shown(value)} is not one of {', '.join(choices)}")
+    return value
+
+
+def safe_number(value: object, field: str, minimum: float, maximum: float, *, above: bool = False) -> float:
+    """A plain int or float, finite, within [minimum, maximum] (above `minimum` when `above`), as a float; or
+    InvalidInputError. Bools and subclasses are refused."""
+    if type(value) is not int and type(value) is not float:
+        raise not_plain(value, field) or InvalidInputError(
+            field, f"{field} is invalid: {shown(value)} is not a number")
+    number = float(value)
+    if not (minimum < number if above else minimum <= number) or not number <= maximum:  # NaN fails both
+        raise InvalidInputError(field, f"{field} is invalid: {shown(value)} is outside "
+                                       f"{minimum:g}{' (excluded)' if above else ''}..{maximum:g}")
+    return number
 
 
 def safe_int(value: object, field: str, minimum: int = 0, maximum: int = MAX_SAFE_INTEGER) -> int:
     """An integer within [minimum, maximum]; bools, floats and strings are refused."""
     if type(value) is not int:
-        raise InvalidInputError(field, f"{field} is invalid: {shown(value)} is not an integer")
+        raise not_plain(value, field) or InvalidInputError(field, f"{field} is invalid: {shown(value)} is not an "
+                                                                  "integer")
     if not minimum <= value <= maximum:
         raise InvalidInputError(field, f"{field} is invalid: {value} is outside {minimum}..{maximum}")
+    return value
+
+
+MAX_ACTION_CHARS = 256
+
+
+def safe_action(value: object, field: str = "action") -> str:
+    """What a write is called in messages and errors: a plain str of 1..256 characters, or InvalidInputError."""
+    if type(value) is not str or not 0 < len(value) <= MAX_ACTION_CHARS:
+        raise not_plain(value, field) or InvalidInputError(
+            field, f"{field} is invalid: {shown(value)} is not a name of 1..{MAX_ACTION_CHARS} characters for the "
+                   "write (a plain str)")
+    return value
+
+
+def safe_callable(value: object, field: str, takes: str) -> None:
+    """InvalidInputError naming `field` unless `value` is callable (`takes`: what it is called with, for the
+    message): refused at the call, not as a TypeError when it is first called."""
+    if not callable(value):
+        raise InvalidInputError(field, f"{field} is invalid: a {type(value).__name__} is not callable (pass a "
+                                       f"function taking {takes})")
+
+
+def safe_progress(value: object, field: str = "progress", takes: str = "(done, total)") -> Any:
+    """`value` when it is None or callable, else InvalidInputError naming `field`: a progress callback that cannot
+    be called is refused at the call, not as a TypeError in the middle of the work it was to report on."""
+    if value is not None:
+        safe_callable(value, field, takes)
+    return value
+
+
+def safe_stop(value: object, field: str = "stop") -> Any:
+    """`value` when it is an event a loop can watch (``is_set()`` and ``wait(timeout)``, as ``threading.Event``
+    has), else InvalidInputError naming `field`."""
+    if not callable(getattr(value, "is_set", None)) or not callable(getattr(value, "wait", None)):
+        raise InvalidInputError(field, f"{field} is invalid: a {type(value).__name__} is not an event to watch "
+                                       "(pass a threading.Event)")
     return value
 
 
@@ -82,10 +163,8 @@ def safe_path(value: object, field: str, what: str | None = None) -> str:
 
 
 def safe_target(value: object, field: str = "target") -> str:
-    """One of the targets a runner may run on: local, wsl, ssh, container."""
-    if not isinstance(value, str) or value not in TARGETS:
-        raise InvalidInputError(field, f"runner {field} is invalid: {shown(value)} is not one of {', '.join(TARGETS)}")
-    return value
+    """One of the targets a runner may run on: local, wsl, ssh, container (a plain str)."""
+    return safe_choice(value, field, TARGETS, f"runner {field}")
 
 
 def exact_mapping(value: object, fields: tuple[str, ...], field: str) -> Mapping[str, Any]:

@@ -15,11 +15,11 @@ import msgspec
 
 from lifecycle_es.log import RecordedEvent
 from lifecycle_es.receipts import RunnerSnapshot, project
-from lifecycle_es.replay import EMPTY, Fold, Folded, fold, fold_log, load, snapshot_of
+from lifecycle_es.replay import EMPTY, Fold, Folded, fold, fold_log, load, snapshot_of, stream_pages
 from lifecycle_es.runner import LEASE_STATUSES, STATES
 from lifecycle_es.state import RunnerState, lease_counts
 from lifecycle_es.store import EventStore
-from lifecycle_es.values import safe_id, safe_int
+from lifecycle_es.values import safe_id, safe_int, safe_progress
 
 
 class FleetView(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,11 +61,13 @@ def state_at(store: EventStore, runner_id: str, seq: int | None = None, *,
 
     Starts from the runner's snapshot when the snapshot is no later than `seq` and its tag proves it, so
     it reads only the runner's own events after that. `progress`: called with (done, total) events of the
-    runner folded after its snapshot, a page at a time.
+    runner folded after its snapshot, a page at a time; the last call is (done, done), since the runner's
+    events up to `seq` may be fewer than the total it has.
     """
     safe_id(runner_id, "runner_id")
     if seq is not None:
         safe_int(seq, "seq")
+    safe_progress(progress)
     if progress is None:
         return load(store, runner_id, until_seq=seq).state
     # `load`, a page at a time: the same snapshot, rows and fold.
@@ -74,12 +76,21 @@ def state_at(store: EventStore, runner_id: str, seq: int | None = None, *,
         base = EMPTY
     total = store.stream_version(runner_id) - base.version
     folding = Fold(base)
-    for rows in store.backend.stream_pages(runner_id, after_version=base.version):
+    told: tuple[int, int] | None = None
+    for rows in stream_pages(store, runner_id, base.version):
+        if seq is not None and rows[-1][0] > seq:
+            for row in rows:
+                if row[0] > seq:
+                    break
+                folding.add_row(row)
+            break
         for row in rows:
-            if seq is not None and row[0] > seq:
-                return folding.state()
             folding.add_row(row)
-        progress(folding.version - base.version, total)
+        told = (folding.version - base.version, total)
+        progress(*told)
+    done = folding.version - base.version
+    if told != (done, done):
+        progress(done, done)  # the end: the runner's events up to `seq` may be fewer than it has
     return folding.state()
 
 
@@ -110,10 +121,13 @@ def states_at(store: EventStore, seq: int | None = None, *,
     (any other is ignored: that runner is replayed from its first event), and folds only its own events
     after it. When no runner has such a snapshot, the log is folded in one pass instead, which reads it
     in order. `progress`: called with (done, total) events folded, after each runner (after each page of
-    a one-pass replay): the events up to `seq` that no snapshot covers.
+    a one-pass replay): the events up to `seq` that no snapshot covers; the last call is (total, total).
     """
+    if seq is not None:
+        safe_int(seq, "seq")
+    safe_progress(progress)
     head = store.head().seq
-    until = head if seq is None else min(safe_int(seq, "seq"), head)
+    until = head if seq is None else min(seq, head)
     streams = store.streams()
     bases: dict[str, Folded] = {}
     for stream in streams:
@@ -122,11 +136,18 @@ def states_at(store: EventStore, seq: int | None = None, *,
             bases[stream] = snapshot
     states: dict[str, RunnerState] = {}
     if not bases:
-        tell = (lambda done: progress(done, until)) if progress is not None else None
-        for stream, folding in fold_log(store, until_seq=until, progress=tell).items():
+        told = [-1]
+
+        def tell(done: int) -> None:
+            told[0] = done
+            progress(done, until)  # type: ignore[misc]
+
+        for stream, folding in fold_log(store, until_seq=until, progress=tell if progress else None).items():
             state = folding.state()
             assert state is not None
             states[stream] = state
+        if progress is not None and told[0] != until:
+            progress(until, until)  # the last page held rows after `until`, or there was none: the end all the same
         return states
     # Seqs count the events up to `until`, and a snapshot's version the ones of its runner it covers: what is left
     # is the tails, a total in events as the one-pass replay's (a count of runners would draw no bar for a few
@@ -149,6 +170,9 @@ def fleet(store: EventStore, *, at_seq: int | None = None,
     """The whole fleet as of `at_seq` (the log's head when None): `states_at`, from proven snapshots and
     the tail of the log after them. Every runner is folded up to the one seq, so appends that other
     processes commit meanwhile are not in the view."""
-    head = store.head().seq if at_seq is None else min(safe_int(at_seq, "at_seq"), store.head().seq)
+    if at_seq is not None:
+        safe_int(at_seq, "at_seq")
+    safe_progress(progress)
+    head = store.head().seq if at_seq is None else min(at_seq, store.head().seq)
     return fleet_of(states_at(store, head, progress=progress), head)
 

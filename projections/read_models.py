@@ -22,7 +22,7 @@ from lifecycle_es.read_model import LEASE_COLUMNS, RUNNER_COLUMNS, lease_row, ru
 from lifecycle_es.replay import Folded, fold, load
 from lifecycle_es.state import RunnerState
 from lifecycle_es.store import EventStore
-from lifecycle_es.values import MAX_SAFE_INTEGER
+from lifecycle_es.values import MAX_SAFE_INTEGER, safe_id
 
 __all__ = ["LEASE_COLUMNS", "RUNNER_COLUMNS", "ReadModels", "attach", "read_lease_rows", "read_runner_rows",
            "write_runner"]
@@ -114,10 +114,15 @@ def attach(store: EventStore) -> ReadModels:
 
 
 def read_runner_rows(store: EventStore) -> dict[str, tuple[Any, ...]]:
-    """Every ``runners`` row by runner id (empty if the tables do not exist)."""
-    return {row[0]: row for row in store.backend.read_model_rows("runners")}
+    """Every ``runners`` row by runner id (empty if the tables do not exist), as committed."""
+    with store.lock:  # never another thread's batch in flight on the store's connection
+        rows = store.backend.read_model_rows("runners")
+    return {row[0]: row for row in rows}
 
 
 def read_lease_rows(store: EventStore, runner_id: str) -> list[tuple[Any, ...]]:
-    """A runner's ``leases`` rows, ordered by lease id."""
-    return store.backend.lease_rows_of(runner_id)
+    """A runner's ``leases`` rows, ordered by lease id, as committed (InvalidInputError for a `runner_id` that is
+    no id, as every read refuses one)."""
+    safe_id(runner_id, "runner_id")
+    with store.lock:  # never another thread's batch in flight on the store's connection
+        return store.backend.lease_rows_of(runner_id)

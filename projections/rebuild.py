@@ -15,7 +15,7 @@ from lifecycle_es.fold_parts import fold_in_parts
 from lifecycle_es.replay import Folded, fold_log, write_snapshot
 from lifecycle_es.state import RunnerState
 from lifecycle_es.store import EventStore
-from lifecycle_es.values import safe_int
+from lifecycle_es.values import safe_int, safe_progress
 from lifecycle_es.walk import MAX_JOBS, split
 
 from .read_models import write_runner
@@ -41,6 +41,7 @@ def rebuild(store: EventStore, *, progress: Callable[[int, int], None] | None = 
     events a process is replayed in this one alone; see ``lifecycle_es.fold_parts``).
     """
     jobs = safe_int(jobs, "jobs", 1, MAX_JOBS)
+    safe_progress(progress)
     started = time.perf_counter()
     with store.transaction("rebuild") as tx:
         backend = tx.store.backend

@@ -104,10 +104,16 @@ def pg_server() -> Iterator[Server]:
 
 
 @pytest.fixture
-def pg_url(pg_server: Server) -> Iterator[str]:
-    """The URL of a store of this test's own on the cluster (its schema dropped afterwards)."""
+def pg_schema(pg_server: Server) -> Iterator[str]:
+    """A schema of this test's own on the cluster, dropped afterwards."""
     schema = pg_server.new_schema()
     try:
-        yield pg_server.url(schema)
+        yield schema
     finally:
         pg_server.drop(schema)
+
+
+@pytest.fixture
+def pg_url(pg_server: Server, pg_schema: str) -> str:
+    """The URL of a store of this test's own on the cluster (its schema dropped afterwards)."""
+    return pg_server.url(pg_schema)

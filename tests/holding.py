@@ -57,3 +57,35 @@ class Held:
             thread.join(60)
             assert not thread.is_alive()
         return self.outcomes
+
+
+class HeldRollback:
+    """A batch held open after appending `events` to `stream`, rolled back by `release`: a reader running
+    meanwhile must see neither its rows nor its read models' changes."""
+
+    def __init__(self, store: EventStore, stream: str, events: list[Any], *, expected_version: int) -> None:
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.failed: list[BaseException] = []
+
+        def appends_then_fails(tx: WriteTransaction) -> None:
+            tx.append(stream, events, expected_version=expected_version)  # in the transaction, not committed
+            self.entered.set()
+            assert self.gate.wait(20)
+            raise RuntimeError("rolled back")
+
+        def write() -> None:
+            try:
+                store.commit("write", appends_then_fails)
+            except RuntimeError as exc:
+                self.failed.append(exc)
+
+        self.writer = threading.Thread(target=write)
+        self.writer.start()
+        assert self.entered.wait(20)
+
+    def release(self) -> None:
+        """Let the batch fail, and check that it did, alone."""
+        self.gate.set()
+        self.writer.join(20)
+        assert not self.writer.is_alive() and len(self.failed) == 1

@@ -19,18 +19,32 @@ def test_readme_leads_with_the_two_commands() -> None:
     assert "make demo" in head and "make test" in head
 
 
+def run_examples(*blocks: str) -> list[str]:
+    """The lines `blocks` print, run in order in one namespace (a later example uses an earlier one's names)."""
+    out = io.StringIO()
+    namespace: dict[str, object] = {}
+    with contextlib.redirect_stdout(out):
+        for block in blocks:
+            exec(compile(block, "README.md", "exec"), namespace)
+    return out.getvalue().splitlines()
+
+
 def test_readme_usage_example_runs() -> None:
     blocks = python_blocks()
     assert blocks, "the README has no python example"
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(blocks[0], "README.md", "exec"), {})
-    lines = out.getvalue().splitlines()
+    lines = run_examples(blocks[0])
     assert lines[0].startswith("refused: execution location runner is not accepting this generation")
     assert lines[1] == "parked 3"
     assert lines[2].startswith("VerifyReport(events=5, streams=1")
     assert lines[3] == ("True {'schema': True, 'chain': True, 'rules': True, 'snapshots': None, "
                         "'read_models': None, 'seal': None}")
+
+
+def test_readme_asyncio_example_runs() -> None:
+    blocks = python_blocks()
+    (example,) = [block for block in blocks if "lifecycle_es.aio" in block]
+    lines = run_examples(blocks[0], example)
+    assert lines[4:] == ["1 RunnerInitialized", "2 LeaseAcquired"]
 
 
 def test_the_host_driver_unit_file_restarts_on_failure_but_never_on_fenced_or_held() -> None:

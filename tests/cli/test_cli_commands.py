@@ -97,9 +97,9 @@ def test_show_proves_a_keyed_stores_snapshots_with_its_key_and_folds_only_the_ta
     from lifecycle_es.cli import main as cli_main
 
     folded_from: list[tuple[str, int]] = []  # (runner, version) each per-runner fold started after
-    stream_rows = replay._stream_rows
-    monkeypatch.setattr(replay, "_stream_rows", lambda store, stream, after: folded_from.append((stream, after))
-                        or stream_rows(store, stream, after))
+    stream_pages = replay.stream_pages
+    monkeypatch.setattr(replay, "stream_pages", lambda store, stream, after: folded_from.append((stream, after))
+                        or stream_pages(store, stream, after))
     with EventStore.open(keyed_log, key=KEY, read_only=True) as store:
         snapshots = {runner: store.backend.snapshot(runner) for runner in store.streams()}
     assert all(found is not None and found[0] > 0 for found in snapshots.values())

@@ -26,7 +26,7 @@ from targets import raw_sql
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle, RunnerState
 from lifecycle_es.backends import is_url
 from lifecycle_es.caches import SnapshotCheck, check_read_models
-from lifecycle_es.errors import StaleFenceError, StoreKeyError
+from lifecycle_es.errors import InvalidInputError, StaleFenceError, StoreKeyError
 from lifecycle_es.events import LeaseAcquired
 from lifecycle_es.receipts import project
 from lifecycle_es.replay import TAG_BYTES, load, snapshot_blob, snapshot_of
@@ -36,6 +36,7 @@ from lifecycle_es.testing import FakeClock
 from projections import (
     attach,
     fleet,
+    read_lease_rows,
     rebuild,
     replay,
     replay_all,
@@ -214,6 +215,15 @@ def test_read_model_rows_answer_plain_sql(mixed: Fleet) -> None:
         assert sorted(flag for _, flag in hooked) == [0, 1]  # SQLite's 0 and 1, PostgreSQL's False and True
         (drain_row,) = run("SELECT drain_signal, drain_deadline_at FROM runners WHERE runner_id = 'runner-e'")
         assert drain_row == ("SIGTERM", iso(T0 + 1_500 + 60_000))
+
+
+@pytest.mark.parametrize("runner_id", ["", "not an id", "../runner-a", None, 7, b"runner-a"])
+def test_read_lease_rows_refuses_what_is_no_runner_id(store: EventStore, runner_id: Any) -> None:
+    attach(store)
+    with pytest.raises(InvalidInputError) as info:
+        read_lease_rows(store, runner_id)
+    assert info.value.field == "runner_id"
+    assert read_lease_rows(store, "runner-a") == []
 
 
 def test_read_models_catch_up_on_attach(tmp_path: Path, store_target: str) -> None:

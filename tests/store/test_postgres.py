@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -37,10 +36,8 @@ def event(generation: int = 1) -> ReclaimCompleted:
 
 
 @pytest.fixture
-def schema(pg_server: Server) -> Iterator[str]:
-    name = pg_server.new_schema()
-    yield name
-    pg_server.drop(name)
+def schema(pg_schema: str) -> str:
+    return pg_schema
 
 
 # --- the URL ------------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ by other sessions past the busy timeout, and a COMMIT whose connection is lost. 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -31,10 +30,8 @@ def event(generation: int = 1) -> ReclaimCompleted:
 
 
 @pytest.fixture
-def schema(pg_server: Server) -> Iterator[str]:
-    name = pg_server.new_schema()
-    yield name
-    pg_server.drop(name)
+def schema(pg_schema: str) -> str:
+    return pg_schema
 
 
 def rows_of(store: EventStore) -> list[Row]:

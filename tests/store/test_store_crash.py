@@ -25,17 +25,15 @@ ROUNDS = 15
 GUARD_S = 60  # kill a writer that never gets going, so a broken test fails instead of hanging
 
 
-def run_round(path: Path, round_: int, rng: random.Random) -> list[tuple[int, int]]:
-    """One writer, killed at a random point; the (seq, i) pairs it acknowledged before it died."""
-    durability = "full" if round_ % 2 == 0 else "normal"
-    proc = subprocess.Popen([sys.executable, WRITER, "crash", str(path), str(round_), durability],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def killed_writer(args: list[str], rng: random.Random, acks_before_kill: int) -> tuple[list[list[str]], str]:
+    """Run store_writer.py with `args`, SIGKILL it once it printed `acks_before_kill` acknowledgements (0: at a
+    random moment of its start), and return the fields of every whole line it acknowledged, and its stderr."""
+    proc = subprocess.Popen([sys.executable, WRITER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stderr is not None
     guard = threading.Timer(GUARD_S, proc.kill)
     guard.start()
     lines: list[str] = []
     try:
-        acks_before_kill = rng.choice([0, 0, 1, 2, 5, 17, 40, 90])
         if acks_before_kill == 0:
             # Anywhere from interpreter start-up to the first commits (creating the file, its first open).
             time.sleep(rng.uniform(0, 0.4))
@@ -44,7 +42,7 @@ def run_round(path: Path, round_: int, rng: random.Random) -> list[tuple[int, in
                 lines.append(line)
                 if len(lines) > acks_before_kill:  # the first line is "ready"
                     break
-            # Then a little more, so the kill lands mid-append as often as between appends.
+            # Then a little more, so the kill lands mid-append (or mid-batch) as often as between them.
             time.sleep(rng.uniform(0, 0.01))
         os.kill(proc.pid, signal.SIGKILL)
         # The same file object: lines it has buffered but not yet handed out are acknowledgements too.
@@ -58,8 +56,16 @@ def run_round(path: Path, round_: int, rng: random.Random) -> list[tuple[int, in
         proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL, f"the writer ended by itself ({proc.returncode}): {errors}"
     # Only whole lines count: a line cut by the kill was never fully acknowledged.
-    return [(int(seq), int(i)) for seq, i in (line.split() for line in output.splitlines(keepends=True)
-                                              if line.endswith("\n") and line != "ready\n")]
+    return [line.split() for line in output.splitlines(keepends=True)
+            if line.endswith("\n") and line != "ready\n"], errors
+
+
+def run_round(path: Path, round_: int, rng: random.Random) -> list[tuple[int, int]]:
+    """One writer, killed at a random point; the (seq, i) pairs it acknowledged before it died."""
+    durability = "full" if round_ % 2 == 0 else "normal"
+    acks, _ = killed_writer(["crash", str(path), str(round_), durability], rng,
+                            rng.choice([0, 0, 1, 2, 5, 17, 40, 90]))
+    return [(int(seq), int(i)) for seq, i in acks]
 
 
 def test_sigkilled_writer_loses_nothing_acknowledged(tmp_path: Path) -> None:
@@ -98,30 +104,8 @@ def test_sigkilled_group_commit_of_sixteen_threads_loses_nothing_acknowledged(tm
     rng = random.Random(seed)
     acknowledged: dict[int, tuple[str, int]] = {}
     for round_ in range(4):
-        proc = subprocess.Popen([sys.executable, WRITER, "threads", str(path), str(round_)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert proc.stdout is not None and proc.stderr is not None
-        guard = threading.Timer(GUARD_S, proc.kill)
-        guard.start()
-        lines: list[str] = []
-        try:
-            wanted = rng.choice([1, 16, 100, 400])
-            for line in proc.stdout:
-                lines.append(line)
-                if len(lines) > wanted:  # the first line is "ready"
-                    break
-            time.sleep(rng.uniform(0, 0.01))  # and a little more: the kill lands in a batch as often as not
-            os.kill(proc.pid, signal.SIGKILL)
-            output = "".join(lines) + proc.stdout.read()
-            errors = proc.stderr.read()
-        finally:
-            guard.cancel()
-            proc.kill()
-            proc.wait()
-            proc.stdout.close()
-            proc.stderr.close()
-        assert proc.returncode == -signal.SIGKILL, f"the writer ended by itself ({proc.returncode}): {errors}"
-        acks = [line.split() for line in output.splitlines(keepends=True) if line.endswith("\n") and line != "ready\n"]
+        wanted = rng.choice([1, 16, 100, 400])
+        acks, errors = killed_writer(["threads", str(path), str(round_)], rng, wanted)
         assert len(acks) >= wanted, f"seed {seed}: {errors}"
         for seq, stream, i in acks:
             acknowledged[int(seq)] = (stream, int(i))

@@ -34,6 +34,7 @@ from lifecycle_es import (
     StoreIOError,
     StoreKeyError,
     StorePragmaError,
+    audit,
     chain,
 )
 from lifecycle_es.canonical import canonical_bytes, iso_ms
@@ -929,3 +930,22 @@ def test_read_only_open_changes_nothing(tmp_path: Path) -> None:
     with raises_exactly(StoreIOError):
         EventStore.open(tmp_path / "missing.db", read_only=True)
     assert not (tmp_path / "missing.db").exists()
+
+
+@pytest.mark.parametrize("length", [4097, 70_000])
+def test_a_path_longer_than_4096_characters_is_refused_as_input(tmp_path: Path, length: int) -> None:
+    long = str(tmp_path) + "/" + "a" * (length - len(str(tmp_path)) - 1)
+    assert len(long) == length
+    for field, call in (("path", lambda: EventStore.open(long)),
+                        ("target", lambda: audit(long)),
+                        ("seal", lambda: EventStore.open(str(tmp_path / "events.db"), seal=long))):
+        with pytest.raises(InvalidInputError) as info:
+            call()
+        assert info.value.field == field
+        assert "4096" in str(info.value) and long not in str(info.value)
+    with EventStore.open(str(tmp_path / "events.db")) as store:
+        for call in (lambda: store.seal(long), lambda: store.check_seal(long)):
+            with pytest.raises(InvalidInputError) as info:
+                call()
+            assert info.value.field == "path"
+    assert sorted(os.listdir(tmp_path)) == ["events.db"]

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -462,26 +463,42 @@ def test_keyed_round_trip_survives_reopen(places: Places, key: bytes, events: li
         assert store.verify().events == len(events)
 
 
+E = TypeVar("E", bound=BaseException)
+
+
+def follow_until_raised(store: EventStore, error: type[E], at_seq: int, meddle: Callable[[], None], *,
+                        stream: str | None = None) -> tuple[list[int], E]:
+    """Follow `store` (six events in it) until it raises `error`, running `meddle` once it yielded `at_seq`:
+    the seqs it yielded, and the error."""
+    six_events(store)
+    stop = threading.Event()
+    timer = guarded(stop)
+    seen: list[int] = []
+    try:
+        with pytest.raises(error) as raised:
+            for recorded in store.follow(stream=stream, poll_interval=0.01, stop=stop):
+                seen.append(recorded.seq)
+                if recorded.seq == at_seq:
+                    meddle()
+    finally:
+        timer.cancel()
+    return seen, raised.value
+
+
 @pytest.mark.parametrize("stream", [None, "x"])
 def test_follow_raises_when_the_log_is_cut_back_under_it(tmp_path: Any, stream: str | None) -> None:
     path = str(tmp_path / "cut.db")
+
+    def cut_back() -> None:
+        # The rows after seq 2 deleted behind the follower, as an older copy put back would leave it.
+        with raw_sql(path) as run:
+            run("DROP TRIGGER events_no_delete")
+            run("DELETE FROM events WHERE seq > 2")
+
     with EventStore.open(path) as store:
-        six_events(store)
-        stop = threading.Event()
-        timer = guarded(stop)
-        seen: list[int] = []
-        try:
-            with pytest.raises(IntegrityError, match=r"head went back from seq [56] to 2") as cut:
-                for recorded in store.follow(stream=stream, poll_interval=0.01, stop=stop):
-                    seen.append(recorded.seq)
-                    if recorded.seq == 5:
-                        # The rows after seq 2 deleted behind the follower, as an older copy put back would leave it.
-                        with raw_sql(path) as run:
-                            run("DROP TRIGGER events_no_delete")
-                            run("DELETE FROM events WHERE seq > 2")
-        finally:
-            timer.cancel()
-        assert cut.value.seq == 3
+        seen, cut = follow_until_raised(store, IntegrityError, 5, cut_back, stream=stream)
+        assert re.search(r"head went back from seq [56] to 2", str(cut)), cut
+        assert cut.seq == 3
         # A page read before the cut is yielded whole (up to seq 6): the cut is met at the next poll.
         assert seen == ([1, 2, 3, 4, 5, 6] if stream is None else [1, 3, 5])
 
@@ -493,18 +510,7 @@ def test_follow_raises_fenced_when_the_file_it_follows_is_replaced(tmp_path: Any
     with EventStore.open(other) as elsewhere:
         elsewhere.append_unchecked("z", [ReclaimCompleted(generation=1)])
     with EventStore.open(path) as store:
-        six_events(store)
-        stop = threading.Event()
-        timer = guarded(stop)
-        seen: list[int] = []
-        try:
-            with pytest.raises(StoreFencedError) as fenced:
-                for recorded in store.follow(poll_interval=0.01, stop=stop):
-                    seen.append(recorded.seq)
-                    if recorded.seq == 6:
-                        os.replace(other, path)
-        finally:
-            timer.cancel()
+        seen, fenced = follow_until_raised(store, StoreFencedError, 6, lambda: os.replace(other, path))
         assert seen == [1, 2, 3, 4, 5, 6]
-        assert "replaced" in fenced.value.cause and "reopen the store" in fenced.value.cause
-        assert store.fenced == fenced.value.cause
+        assert "replaced" in fenced.cause and "reopen the store" in fenced.cause
+        assert store.fenced == fenced.cause
