@@ -135,8 +135,8 @@ class OpenedFiles:
             self.size = info.st_size  # shrunk by another connection, every page held: the least from now on
         if self.immutable and os.path.lexists(side_files(path)[0]):
             return (f"{side_files(path)[0]!r} appeared underneath this connection, which opened the store immutable "
-                    "(read-only, no -wal then) and never reads a -wal: a writer opened the store since, and its "
-                    "commits go there; reopen the store to read them"), 0
+                    "(read-only, no -wal then) and never reads a -wal: another connection opened the store since, "
+                    "and a writer's commits go there; reopen the store to read them"), 0
         side = changed_file(self.sides)
         if side is not None:
             return (f"{side[0]!r} was {side[1]} underneath this connection, which would commit where no other "
