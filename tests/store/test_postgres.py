@@ -108,6 +108,14 @@ def test_every_password_parameter_libpq_reads_is_masked() -> None:
     assert has_password(url) and has_password("postgresql://u@h/db?sslpassword=s3cret")
 
 
+@pytest.mark.parametrize("url", ["postgresql://[::1/db?password=hunter2", "postgresql://u@[::1/db?sslpassword=hunter2&x=1",
+                                 "postgresql://u:hunter2@[::1/db"])
+def test_a_url_too_malformed_to_split_never_shows_its_password(url: str) -> None:
+    with pytest.raises(InvalidInputError) as refused:
+        EventStore.open(url)
+    assert "hunter2" not in str(refused.value) and "not a valid URL" in str(refused.value)
+
+
 def test_a_refused_login_is_a_store_io_error(pg_server: Server) -> None:
     with pytest.raises(StoreIOError) as failed:
         EventStore.open(f"postgresql://postgres@/no_such_database?host={pg_server.directory}")
