@@ -92,22 +92,26 @@ def _secret_parameter(part: str) -> bool:
     return urllib.parse.unquote(part.partition("=")[0]) in _SECRET_PARAMETERS
 
 
+def _masked_query(query: str) -> str:
+    """`query` with each secret parameter's value replaced by ``***``."""
+    return "&".join(f"{part.partition('=')[0]}=***" if _secret_parameter(part) else part for part in query.split("&"))
+
+
 def mask_password(url: str) -> str:
     """`url` with the password of its user part (and a ``password`` or ``sslpassword`` parameter, however its
     name is spelt) replaced by ``***``."""
     try:
         parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
+    except ValueError:  # unsplittable (a bracket left open): mask by its text, the user part and each parameter
+        start, mark, query = re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url).partition("?")
+        return start + mark + _masked_query(query)
     netloc = parts.netloc
     if "@" in netloc:
         user, _, host = netloc.rpartition("@")
         if ":" in user:
             user = user.split(":", 1)[0] + ":***"
         netloc = f"{user}@{host}"
-    query = "&".join(f"{part.partition('=')[0]}=***" if _secret_parameter(part) else part
-                     for part in parts.query.split("&"))
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=_masked_query(parts.query)))
 
 
 def url_secrets(url: str) -> list[str]:
