@@ -739,6 +739,21 @@ def test_a_store_file_cut_short_underneath_fences_the_store(tmp_path: Path) -> N
         assert file_digests(path) == before
 
 
+def test_a_store_file_cut_short_seen_inside_a_transaction_still_fences_at_its_commit(tmp_path: Path) -> None:
+    # Inside its own write transaction the connection cannot count the pages the files hold (some are only in
+    # its cache): a shrink seen there is judged after the commit, not taken as the new least size.
+    path = tmp_path / "events.db"
+    make_store(path)
+    with EventStore.open(path) as store:
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+        with raises_exactly(StoreIOError) as info, store.transaction() as tx:
+            os.truncate(path, 4096)
+            store.check_followed(4)  # the same thread, inside the transaction
+            tx.append_unchecked("runner-1", [ReclaimCompleted(generation=5)])
+        assert info.value.outcome_unknown and "cut short" in str(info.value)
+        assert store.fenced is not None and "cut short" in store.fenced
+
+
 def test_a_store_file_shrunk_by_another_processs_vacuum_is_no_fence(tmp_path: Path) -> None:
     # VACUUM, and the checkpoint after it, shrink the file legitimately (free pages given back): SQLite's own
     # connections follow it, so a handle open meanwhile must not call its store cut short.
