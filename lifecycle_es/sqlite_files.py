@@ -128,11 +128,13 @@ class OpenedFiles:
             return (f"store file {path!r} was replaced underneath this connection, which still has the old one "
                     "open: reopen the store to use the file now at that path"), 0
         if info.st_size < self.size:
-            if self._pages_missing():
+            missing = self._pages_missing()
+            if missing:
                 return (f"store file {path!r} was cut short underneath this connection ({info.st_size:,} bytes, "
                         f"{self.size:,} at its last commit), so events it held may be gone: audit it "
                         "(lifecycle-es audit) and restore it from a good copy before you reopen the store"), 0
-            self.size = info.st_size  # shrunk by another connection, every page held: the least from now on
+            if missing is not None:
+                self.size = info.st_size  # shrunk by another connection, every page held: the least from now on
         if self.immutable and os.path.lexists(side_files(path)[0]):
             return (f"{side_files(path)[0]!r} appeared underneath this connection, which opened the store immutable "
                     "(read-only, no -wal then) and never reads a -wal: another connection opened the store since, "
@@ -143,15 +145,16 @@ class OpenedFiles:
                     "connection looks: close this handle and reopen the store"), 0
         return None, info.st_size
 
-    def _pages_missing(self) -> bool:
+    def _pages_missing(self) -> bool | None:
         """Whether the store file and its WAL together are too short for the pages the log now counts: pages gone
         underneath. Asked only of a file that shrank, which another connection's VACUUM and checkpoint do
         legitimately (then every page is in one of the two). One read transaction: while it lasts no
-        checkpoint takes from the file a page its snapshot needs. Inside a transaction of this connection
-        (its pages not yet in either file) it says no: the check after the commit judges."""
+        checkpoint takes from the file a page its snapshot needs. None when it cannot judge now: inside a
+        transaction of this connection (its pages not yet in either file), or the store busy; a later check
+        judges (the check after a commit, or the next write's)."""
         conn = self.conn
         if not conn.getautocommit():
-            return False
+            return None
         try:
             with translated("check the store file's size"):
                 conn.execute("BEGIN")
@@ -164,7 +167,7 @@ class OpenedFiles:
                 finally:
                     conn.execute("COMMIT")
         except StoreBusyError:
-            raise  # the store is busy, not short: the caller's retry asks again
+            return None  # busy, not short (and never an error of its own after a commit that landed)
         except (StoreError, OSError):
             return True  # unreadable as it is now: as far as anyone can tell, pages are gone
         return held < pages * page_size
