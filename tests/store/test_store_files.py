@@ -781,6 +781,35 @@ def test_a_store_file_shrunk_by_another_processs_vacuum_is_no_fence(tmp_path: Pa
         assert store.backend.files.size < size  # type: ignore[attr-defined]
 
 
+def test_a_store_restored_under_an_open_handle_behind_what_it_committed_fences_at_the_next_write(
+        tmp_path: Path) -> None:
+    # Another process restores an older copy into the live file through SQLite (the backup API, as the sqlite3
+    # shell's .restore does): the same file, its size maybe the same, every SQLite connection following. A
+    # handle that committed seqs 4 and 5 must not chain seq 4 again onto the copy's head: that forks the log.
+    path, old = tmp_path / "events.db", tmp_path / "old.db"
+    make_store(path)
+    with EventStore.open(path) as store:
+        source, copy = apsw.Connection(str(path)), apsw.Connection(str(old))
+        with copy.backup("main", source, "main") as backup:
+            backup.step()
+        source.close()
+        copy.close()
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4), ReclaimCompleted(generation=5)])
+        code = ("import apsw, sys\n"
+                "live = apsw.Connection(sys.argv[1])\n"
+                "copy = apsw.Connection(sys.argv[2], flags=apsw.SQLITE_OPEN_READONLY)\n"
+                "with live.backup('main', copy, 'main') as backup:\n"
+                "    backup.step()\n"
+                "live.close()\n")
+        subprocess.run([sys.executable, "-c", code, str(path), str(old)], check=True)
+        before = file_digests(path)
+        with raises_exactly(StoreBehindSealError) as info:
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+        assert "seq 5" in str(info.value) and "seq 3" in str(info.value) and str(path) in str(info.value)
+        assert store.fenced is not None and file_digests(path) == before
+        assert store.head().seq == 3
+
+
 def test_a_store_file_that_grows_under_another_writer_is_no_fence(tmp_path: Path) -> None:
     # Another process's checkpoints grow the file; only a file shorter than at this handle's last commit fences.
     path = tmp_path / "events.db"
