@@ -53,6 +53,8 @@ class LogEnd:
 
     `head` is (seq, hash, at) and `versions` maps a stream to its last version; both hold while
     `changes` equals the connection's ``total_changes`` inside a write transaction (see the module).
+    `acked` is the last event (seq, hash) a commit of this connection left as the head, which the log must
+    keep: a write transaction that begins after another connection wrote checks it is still there.
     """
 
     __slots__ = ("acked", "changes", "committed", "conn", "head", "versions", "writing")
