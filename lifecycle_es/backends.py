@@ -83,24 +83,55 @@ def target_url(target: ServerTarget) -> str:
     return urllib.parse.urlunsplit(parts._replace(query="&".join(part for part in (parts.query, own) if part)))
 
 
+# The parameters libpq reads a secret from: the password, and the one that unlocks the client's SSL key.
+_SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
+
+
+def _secret_parameter(part: str) -> bool:
+    """Whether the query part ``name=value`` gives a secret (libpq decodes the name as it does the value)."""
+    return urllib.parse.unquote(part.partition("=")[0]) in _SECRET_PARAMETERS
+
+
+def _masked_query(query: str) -> str:
+    """`query` with each secret parameter's value replaced by ``***``."""
+    return "&".join(f"{part.partition('=')[0]}=***" if _secret_parameter(part) else part for part in query.split("&"))
+
+
 def mask_password(url: str) -> str:
-    """`url` with the password of its user part (and a ``password`` parameter) replaced by ``***``."""
+    """`url` with the password of its user part (and a ``password`` or ``sslpassword`` parameter, however its
+    name is spelt) replaced by ``***``."""
     try:
         parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
+    except ValueError:  # unsplittable (a bracket left open): mask by its text, the user part and each parameter
+        start, mark, query = re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url).partition("?")
+        return start + mark + _masked_query(query)
     netloc = parts.netloc
     if "@" in netloc:
         user, _, host = netloc.rpartition("@")
         if ":" in user:
             user = user.split(":", 1)[0] + ":***"
         netloc = f"{user}@{host}"
-    query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query)
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=_masked_query(parts.query)))
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secrets `url` holds (its user part's password, its secret parameters' values), each as written and
+    as decoded, longest first: what a message quoting the URL's pieces (libpq's do) must not show."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return []
+    found = []
+    user = parts.netloc.rpartition("@")[0]
+    if ":" in user:
+        found.append(user.split(":", 1)[1])
+    found += [part.partition("=")[2] for part in parts.query.split("&") if _secret_parameter(part)]
+    return sorted({each for value in found for each in (value, urllib.parse.unquote(value)) if each},
+                  key=len, reverse=True)
 
 
 def has_password(url: str) -> bool:
-    """Whether `url` carries a password (in its user part or as a ``password`` parameter)."""
+    """Whether `url` carries a password (in its user part or as a ``password`` or ``sslpassword`` parameter)."""
     return mask_password(url) != url
 
 

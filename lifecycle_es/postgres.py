@@ -165,12 +165,17 @@ class PostgresBackend(ServerReadModelTables):
     # --- queries ------------------------------------------------------------------------------------
 
     def _live(self) -> None:
-        """Before a statement: reconnect a lost connection outside a transaction (see `file_identity`); inside
-        one, send the rows a batch deferred first, so that the statement sees them."""
+        """Before a statement: reconnect a lost connection outside a transaction (see `file_identity`); inside a
+        read transaction, refuse to go on without it (StoreIOError); inside a write transaction, send the rows a
+        batch deferred first, so that the statement sees them."""
         if self._writing:
             if self._batch or (self._block is not None and not self._block.opened):
                 send_deferred(self)
-        elif self._gone is not None or self.conn.closed or self.conn.broken:
+        elif self._reading and self._lost():
+            # A new connection would answer outside the transaction: another snapshot than its earlier reads.
+            raise StoreIOError(f"the connection to {self.path} was lost inside a read transaction, and its snapshot "
+                               "with it: nothing more is read in it; end it and run the whole read again")
+        elif self._gone is not None or self._lost():
             self.file_identity()
 
     def _rows(self, action: str, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 
 from .backend import Row
-from .backends import ServerTarget
+from .backends import ServerTarget, url_secrets
 from .errors import StoreFormatError, StoreIOError, StorePragmaError
 from .postgres_errors import NOT_KEPT, translated
 from .values import shown
@@ -279,7 +279,13 @@ def connect(target: ServerTarget, *, read_only: bool = False) -> psycopg.Connect
         conn = psycopg.connect(target.conninfo, autocommit=True, application_name="lifecycle-es",
                                client_encoding="UTF8")
     except psycopg.Error as exc:
-        raise StoreIOError(f"cannot connect to {target.shown}: {_reason(exc)} (check that the server is up and "
+        reason = _reason(exc)
+        for secret in url_secrets(target.conninfo):  # libpq quotes a piece it could not decode, password and all
+            reason = reason.replace(secret, "***")
+        if isinstance(exc, psycopg.ProgrammingError):  # libpq could not read the URL: no server was tried
+            raise StoreIOError(f"cannot connect to {target.shown}: {reason} (fix the URL: a character such as %, @, "
+                               "/ or : in a password or a parameter must be percent-encoded)") from None
+        raise StoreIOError(f"cannot connect to {target.shown}: {reason} (check that the server is up and "
                            "reachable and that the URL names its host, user and database, then retry)") from None
     if read_only:
         with translated("open read-only", target.shown):

@@ -105,7 +105,7 @@ class SqliteBackend(ReadModelTables):
             self.conn.close()
             raise
         try:
-            self.files = OpenedFiles(path)
+            self.files = OpenedFiles(path, self.conn, immutable=self.immutable)
         except OSError as exc:
             self.conn.close()
             raise StoreIOError(f"open {path!r}: {exc.strerror}") from exc

@@ -22,9 +22,9 @@ from collections.abc import Iterable, Sequence
 import apsw
 
 from .backend import Row
-from .errors import StoreFormatError, StoreIOError
+from .errors import StoreBusyError, StoreError, StoreFormatError, StoreIOError
 from .sqlite_errors import translated
-from .sqlite_profile import set_journal_mode_wal
+from .sqlite_profile import _pragma, set_journal_mode_wal
 from .sqlite_schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 
 ROW_COLUMNS = "seq, stream, version, type, at, body, prev, hash"
@@ -87,24 +87,27 @@ def changed_file(recorded: Sequence[tuple[str, FileId | None]]) -> tuple[str, st
 
 
 class OpenedFiles:
-    """The store file and its side files as a connection opened them, and the store file's size at the last
-    commit: `changed` says when the files at the path are no longer those (one ``os.stat`` per file)."""
+    """The store file and its side files as a connection (`conn`) opened them, and the store file's size at the
+    last commit: `changed` says when the files at the path are no longer those (one ``os.stat`` per file, and
+    one read transaction when the store file shrank)."""
 
-    __slots__ = ("identity", "path", "sides", "size")
+    __slots__ = ("conn", "identity", "immutable", "path", "sides", "size")
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, conn: apsw.Connection, *, immutable: bool = False) -> None:
         self.path = path
+        self.conn = conn
+        self.immutable = immutable
         info = os.stat(path)
         self.identity: FileId = (info.st_dev, info.st_ino)
         self.size = info.st_size
-        # Recorded once the connection has read: SQLite opens (and creates) both then. One missing (an
-        # immutable read-only open, which uses neither) is not watched.
-        self.sides = [(side, file_id(side)) for side in side_files(path)]
+        # Recorded once the connection has read: SQLite opens (and creates) both then. An immutable open uses
+        # neither (a stray -shm left there is no file of its own); its -wal must stay absent instead.
+        self.sides = [] if immutable else [(side, file_id(side)) for side in side_files(path)]
 
     def changed(self) -> str | None:
         """Why the files at the store's path are not the ones the connection opened, naming the file and
-        what to do, or None: the store file gone, replaced or shorter than at the last commit, or a side
-        file removed or replaced."""
+        what to do, or None: the store file gone, replaced or shorter than at the last commit, a side file
+        removed or replaced, or (`immutable`) a -wal made by a writer since."""
         return self._check()[0]
 
     def committed(self) -> str | None:
@@ -125,14 +128,49 @@ class OpenedFiles:
             return (f"store file {path!r} was replaced underneath this connection, which still has the old one "
                     "open: reopen the store to use the file now at that path"), 0
         if info.st_size < self.size:
-            return (f"store file {path!r} was cut short underneath this connection ({info.st_size:,} bytes, "
-                    f"{self.size:,} at its last commit), so events it held may be gone: audit it (lifecycle-es "
-                    "audit) and restore it from a good copy before you reopen the store"), 0
+            missing = self._pages_missing()
+            if missing:
+                return (f"store file {path!r} was cut short underneath this connection ({info.st_size:,} bytes, "
+                        f"{self.size:,} at its last commit), so events it held may be gone: audit it "
+                        "(lifecycle-es audit) and restore it from a good copy before you reopen the store"), 0
+            if missing is not None:
+                self.size = info.st_size  # shrunk by another connection, every page held: the least from now on
+        if self.immutable and os.path.lexists(side_files(path)[0]):
+            return (f"{side_files(path)[0]!r} appeared underneath this connection, which opened the store immutable "
+                    "(read-only, no -wal then) and never reads a -wal: another connection opened the store since, "
+                    "and a writer's commits go there; reopen the store to read them"), 0
         side = changed_file(self.sides)
         if side is not None:
             return (f"{side[0]!r} was {side[1]} underneath this connection, which would commit where no other "
                     "connection looks: close this handle and reopen the store"), 0
         return None, info.st_size
+
+    def _pages_missing(self) -> bool | None:
+        """Whether the store file and its WAL together are too short for the pages the log now counts: pages gone
+        underneath. Asked only of a file that shrank, which another connection's VACUUM and checkpoint do
+        legitimately (then every page is in one of the two). One read transaction: while it lasts no
+        checkpoint takes from the file a page its snapshot needs. None when it cannot judge now: inside a
+        transaction of this connection (its pages not yet in either file), or the store busy; a later check
+        judges (the check after a commit, or the next write's)."""
+        conn = self.conn
+        if not conn.getautocommit():
+            return None
+        try:
+            with translated("check the store file's size"):
+                conn.execute("BEGIN")
+                try:
+                    pages = int(_pragma(conn, "page_count"))
+                    page_size = int(_pragma(conn, "page_size"))
+                    held = os.stat(self.path).st_size
+                    with contextlib.suppress(FileNotFoundError):
+                        held += os.stat(side_files(self.path)[0]).st_size
+                finally:
+                    conn.execute("COMMIT")
+        except StoreBusyError:
+            return None  # busy, not short (and never an error of its own after a commit that landed)
+        except (StoreError, OSError):
+            return True  # unreadable as it is now: as far as anyone can tell, pages are gone
+        return held < pages * page_size
 
 
 def create_file(path: str, vfs: str | None, *, store_id: bytes | None = None, key_id: str | None = None,

@@ -35,11 +35,14 @@ from typing import TYPE_CHECKING, Literal
 import apsw
 
 from .backend import Row, Tail
-from .errors import StoreIOError
+from .errors import StoreBehindSealError, StoreIOError
 from .sqlite_errors import SYNC_FAILURES, translation
 
 if TYPE_CHECKING:
     from .sqlite import SqliteBackend
+
+_HASH_AT = "SELECT hash FROM events WHERE seq = ?"
+_HEAD_SEQ = "SELECT seq FROM events ORDER BY seq DESC LIMIT 1"
 
 MAX_KNOWN_STREAMS = 65_536
 """The most streams whose versions a connection keeps; past it, it starts again from none."""
@@ -50,9 +53,11 @@ class LogEnd:
 
     `head` is (seq, hash, at) and `versions` maps a stream to its last version; both hold while
     `changes` equals the connection's ``total_changes`` inside a write transaction (see the module).
+    `acked` is the last event (seq, hash) a commit of this connection left as the head, which the log must
+    keep: a write transaction that begins after another connection wrote checks it is still there.
     """
 
-    __slots__ = ("changes", "committed", "conn", "head", "versions", "writing")
+    __slots__ = ("acked", "changes", "committed", "conn", "head", "versions", "writing")
 
     def __init__(self, conn: apsw.Connection) -> None:
         self.conn = conn
@@ -62,6 +67,8 @@ class LogEnd:
         self.changes = -1  # no value of total_changes: nothing is known
         # (data version, total_changes) just after the commit that left the knowledge exact, or None.
         self.committed: tuple[int, int] | None = None
+        # The last event (seq, hash) a commit of this connection left as the head: the log must keep it.
+        self.acked: tuple[int, bytes | None] = (0, None)
 
     def check_open(self, action: str, *, always: bool = False) -> None:
         """StoreIOError when a write transaction was begun and the database has ended it (on an error its caller
@@ -150,6 +157,8 @@ class LogEnd:
         conn = self.conn
         if committed and self.changes == conn.total_changes():
             self.committed = (conn.data_version(), self.changes)
+            if self.head[0] > self.acked[0]:
+                self.acked = (self.head[0], self.head[1])
         else:
             self.forget()
 
@@ -162,9 +171,10 @@ class SqliteTransaction:
     store's files found changed right after COMMIT (`sqlite_files.OpenedFiles.committed`).
     """
 
-    __slots__ = ("action", "conn", "end", "files")
+    __slots__ = ("action", "conn", "end", "files", "path")
 
     def __init__(self, backend: SqliteBackend, action: str) -> None:
+        self.path = backend.path
         self.conn = backend.conn
         self.end = backend.log_end
         self.files = backend.files
@@ -175,8 +185,37 @@ class SqliteTransaction:
             self.conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
             raise translation(self.action, exc) from exc
-        self.end.begin()
+        end = self.end
+        end.begin()
+        if end.changes == -1 and end.acked[0]:  # another connection wrote since this one's last commit
+            self._check_acked()
         return self.conn
+
+    def _check_acked(self) -> None:
+        """With the write lock: StoreBehindSealError (the transaction rolled back) unless the log still holds
+        the last event this connection committed, as it committed it. Without it the file was restored
+        under the connection (an older copy written in through SQLite, which every connection follows):
+        appending would chain onto the older head and fork the log. One lookup by seq, taken only when
+        another connection changed the file since this one's last commit."""
+        conn, end = self.conn, self.end
+        seq, digest = end.acked
+        try:
+            row = conn.execute(_HASH_AT, (seq,)).fetchone()
+            if row is not None and row[0] == digest:
+                return
+            head = conn.execute(_HEAD_SEQ).fetchone()
+        except apsw.Error as exc:
+            self.__exit__(type(exc), exc, None)  # rolls back, and raises it as a StoreError
+            raise
+        end.ended(committed=False)
+        with contextlib.suppress(apsw.Error):
+            conn.execute("ROLLBACK")
+        head_seq = int(head[0]) if head else 0
+        raise StoreBehindSealError(
+            f"the store file {self.path!r} no longer holds seq {seq} as this handle committed it (its head is seq "
+            f"{head_seq}): an older copy was written into it under this handle (a restore through SQLite?), so the "
+            "events after its head are gone from it. Nothing more is written through this handle: audit the "
+            "store, find the copy that holds the missing events, then reopen it", sealed_seq=seq, head_seq=head_seq)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: object) -> Literal[False]:

@@ -280,13 +280,13 @@ class EventStore:
             raise StoreFencedError(self._fence)
         if self._backend.read_only:
             raise StoreIOError(f"{action}: the store {self.path!r} was opened read-only")
-        if self._identity_in_write:
-            return _Fencing(self, self._backend.write(action, streams))
-        try:
-            self._backend.check_files()  # a file replaced, removed or cut short: a stat per file
-        except StoreFencedError as exc:
-            raise self._fenced_by(exc) from None
-        return self._backend.write(action, streams)
+        if not self._identity_in_write:
+            try:
+                self._backend.check_files()  # a file replaced, removed or cut short: a stat per file
+            except StoreFencedError as exc:
+                raise self._fenced_by(exc) from None
+        # Its head checked as it begins (a log restored behind what this handle committed fences the store).
+        return _Fencing(self, self._backend.write(action, streams))
 
     def _fenced_by(self, exc: StoreFencedError) -> StoreFencedError:
         """Fence the store for `exc`'s cause; the error to raise (its cause the fence's, the first one)."""

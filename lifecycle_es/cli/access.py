@@ -162,8 +162,9 @@ def require_url(url: str, arg: str = "FILE") -> str:
     """A store URL as the command line accepts it: never with a password (CommandError 64)."""
     if has_password(url):
         raise CommandError(EXIT_USAGE, f"{arg}: {mask_password(url)} carries a password, and a command line is "
-                                       "visible to every user of the machine: put it in ~/.pgpass (or the file "
-                                       "PGPASSFILE names) and leave it out of the URL")
+                                       "visible to every user of the machine: put a password in ~/.pgpass (or the "
+                                       "file PGPASSFILE names), an sslpassword in a service file (~/.pg_service.conf "
+                                       "or PGSERVICEFILE, named by service=), and leave it out of the URL")
     return url
 
 

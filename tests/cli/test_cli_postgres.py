@@ -72,6 +72,12 @@ def test_a_url_with_a_password_is_refused_on_the_command_line(pg_server: Server)
         assert done.returncode == 64 and "hunter2" not in line and ".pgpass" in line, line
 
 
+def test_a_url_with_an_sslpassword_is_refused_on_the_command_line_naming_where_it_goes(pg_server: Server) -> None:
+    done = run("audit", f"postgresql://postgres@/postgres?host={pg_server.directory}&sslpassword=hunter2")
+    line = one_error_line(done)
+    assert done.returncode == 64 and "hunter2" not in line and "PGSERVICEFILE" in line, line
+
+
 def test_an_unreachable_server_is_one_line(tmp_path: Path) -> None:
     done = run("audit", f"postgresql://postgres@/postgres?host={tmp_path}")
     line = one_error_line(done)

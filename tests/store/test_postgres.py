@@ -13,7 +13,7 @@ import pytest
 from pg import Server, cluster
 
 from lifecycle_es import EventStore
-from lifecycle_es.backends import mask_password, server_target
+from lifecycle_es.backends import has_password, mask_password, server_target
 from lifecycle_es.errors import (
     InvalidInputError,
     StoreBehindSealError,
@@ -88,6 +88,32 @@ def test_an_unreachable_server_is_one_clear_store_error(tmp_path: object) -> Non
     with pytest.raises(StoreIOError) as failed:
         EventStore.open(f"postgresql://nobody:hunter2@/postgres?host={tmp_path}")
     assert "cannot connect to postgresql://nobody:***@" in str(failed.value) and "hunter2" not in str(failed.value)
+
+
+@pytest.mark.parametrize("secret", ["u:hunter2%zz@", "u@?password=hunter2%zz&", "u@?pass%77ord=hunter2%zz&",
+                                    "u@?sslpassword=hunter2%zz&"])
+def test_a_password_libpq_quotes_from_a_malformed_url_never_shows(tmp_path: object, secret: str) -> None:
+    # libpq names the token it could not decode, the whole password with it; the URL is what to fix.
+    user, _, query = secret.partition("?")
+    with pytest.raises(StoreIOError) as failed:
+        EventStore.open(f"postgresql://{user}/postgres?{query}host={tmp_path}")
+    message = str(failed.value)
+    assert "hunter2" not in message and "percent-encoded" in message and "fix the URL" in message, message
+
+
+def test_every_password_parameter_libpq_reads_is_masked() -> None:
+    # libpq decodes a parameter's name as it does its value, and sslpassword unlocks the client's key.
+    url = "postgresql://u@h/db?pass%77ord=hunter2&sslpassword=s3cret&sslmode=require"
+    assert mask_password(url) == "postgresql://u@h/db?pass%77ord=***&sslpassword=***&sslmode=require"
+    assert has_password(url) and has_password("postgresql://u@h/db?sslpassword=s3cret")
+
+
+@pytest.mark.parametrize("url", ["postgresql://[::1/db?password=hunter2", "postgresql://u@[::1/db?sslpassword=hunter2&x=1",
+                                 "postgresql://u:hunter2@[::1/db"])
+def test_a_url_too_malformed_to_split_never_shows_its_password(url: str) -> None:
+    with pytest.raises(InvalidInputError) as refused:
+        EventStore.open(url)
+    assert "hunter2" not in str(refused.value) and "not a valid URL" in str(refused.value)
 
 
 def test_a_refused_login_is_a_store_io_error(pg_server: Server) -> None:

@@ -164,6 +164,25 @@ def test_a_read_after_the_server_ended_an_idle_connection_reconnects(pg_server: 
         assert store.head().seq == 2 and store.fenced is None
 
 
+def test_a_read_transaction_whose_connection_was_lost_reads_nothing_more_outside_its_snapshot(
+        pg_server: Server, schema: str) -> None:
+    # A caller that records a failed read and goes on inside the same read transaction (the audit's walk does)
+    # must not be answered from a new connection: outside the transaction, that is another snapshot.
+    with EventStore.open(pg_server.url(schema)) as writer, \
+            EventStore.open(pg_server.url(schema), read_only=True) as store:
+        writer.append_unchecked("a", [event(1)])
+        with pytest.raises(StoreIOError), store.backend.read_tx("audit"):
+            assert store.head().seq == 1
+            terminate(pg_server, store)
+            with pytest.raises(StoreIOError):
+                store.stream_version("a")
+            writer.append_unchecked("a", [event(2)])
+            with pytest.raises(StoreIOError) as lost:
+                store.head()  # seq 2 would be read on a new connection, after the snapshot the block began with
+            assert "read transaction" in str(lost.value) and "again" in str(lost.value)
+        assert store.head().seq == 2 and store.fenced is None  # outside it, a read reconnects as before
+
+
 def test_a_connection_lost_during_commit_fences_saying_so(pg_server: Server, schema: str) -> None:
     with EventStore.open(pg_server.url(schema)) as store:
         with pytest.raises(StoreIOError) as lost, store.transaction() as tx:

@@ -22,6 +22,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from waiting import returns_within
 
 from lifecycle_es import (
     EventStore,
@@ -204,6 +205,33 @@ def test_read_only_directory_is_refused(tmp_path: Path) -> None:
         with raises_exactly(StoreIOError):
             EventStore.open(directory / "events.db")
         assert os.listdir(directory) == []
+
+
+@pytest.mark.skipif(shutil.which("chattr") is None, reason="chattr is not installed: no way to make a "
+                    "file read-only for root")
+def test_a_follower_of_a_store_opened_immutable_raises_once_a_writer_opens_it(tmp_path: Path) -> None:
+    # A reader that may not write the file, opened with no -wal there, reads it immutable: no locks, no WAL.
+    # A writer that opens the store later commits to a -wal that reader never reads, so its follower would
+    # wait for ever (and its reads could meet a checkpoint's half-written pages): it must say so instead.
+    path = tmp_path / "events.db"
+    make_store(path)
+    assert not os.path.exists(f"{path}-wal")
+    with immutable(path):
+        reader = EventStore.open(path, read_only=True)
+    try:
+        assert reader.backend.immutable  # type: ignore[attr-defined]
+        stop = threading.Event()
+        following = reader.follow(after=3, poll_interval=0.01, stop=stop)
+        with EventStore.open(path) as writer:
+            writer.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+            try:
+                with raises_exactly(StoreFencedError) as info:
+                    returns_within(lambda: next(following, None))
+            finally:
+                stop.set()  # a follower that would wait for ever ends here, its thread with it
+        assert f"{path}-wal" in info.value.cause and "reopen the store" in info.value.cause
+    finally:
+        reader.close()
 
 
 def test_invalid_open_arguments(tmp_path: Path) -> None:
@@ -631,6 +659,34 @@ def test_a_side_file_removed_or_replaced_underneath_fences_the_store(tmp_path: P
         assert store.head().seq == 4  # reads go on
 
 
+@pytest.mark.parametrize("read_only", [False, True])
+def test_other_processes_opening_and_closing_the_store_never_fence_a_long_lived_handle(tmp_path: Path,
+                                                                                    read_only: bool) -> None:
+    # SQLite removes the -wal and -shm when the last connection closes; a handle open in another process holds
+    # its shared lock on the file the whole time, so a process that opens, writes and closes is never the last.
+    path = tmp_path / "events.db"
+    make_store(path)
+    code = ("import sys\n"
+            "from lifecycle_es import EventStore\n"
+            "from lifecycle_es.events import ReclaimCompleted\n"
+            "with EventStore.open(sys.argv[1], read_only=sys.argv[2] == 'ro') as store:\n"
+            "    if sys.argv[2] == 'rw':\n"
+            "        store.append_unchecked('runner-2', [ReclaimCompleted(generation=1)])\n"
+            "    store.head()\n")
+    with EventStore.open(path, read_only=read_only) as store:
+        store.head()
+        sides = [os.stat(f"{path}{suffix}").st_ino for suffix in ("-wal", "-shm")]
+        for mode in ("rw", "ro", "rw"):
+            subprocess.run([sys.executable, "-c", code, str(path), mode], check=True)
+            if not read_only:
+                store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+            store.backend.data_version()
+            store.check_followed(store.head().seq)
+        assert store.fenced is None
+        assert [os.stat(f"{path}{suffix}").st_ino for suffix in ("-wal", "-shm")] == sides
+        assert store.head().seq == (5 if read_only else 8)
+
+
 def test_a_wal_removed_under_a_writer_that_then_dies_loses_no_acknowledged_write(tmp_path: Path) -> None:
     # A real process: its WAL unlinked by someone else, it appends and is SIGKILLed. Whatever it
     # acknowledged after that must be in the file another process opens.
@@ -681,6 +737,77 @@ def test_a_store_file_cut_short_underneath_fences_the_store(tmp_path: Path) -> N
         cause = info.value.cause
         assert str(path) in cause and f"{size:,}" in cause and "4,096" in cause and store.fenced == cause
         assert file_digests(path) == before
+
+
+def test_a_store_file_cut_short_seen_inside_a_transaction_still_fences_at_its_commit(tmp_path: Path) -> None:
+    # Inside its own write transaction the connection cannot count the pages the files hold (some are only in
+    # its cache): a shrink seen there is judged after the commit, not taken as the new least size.
+    path = tmp_path / "events.db"
+    make_store(path)
+    with EventStore.open(path) as store:
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+        with raises_exactly(StoreIOError) as info, store.transaction() as tx:
+            os.truncate(path, 4096)
+            store.check_followed(4)  # the same thread, inside the transaction
+            tx.append_unchecked("runner-1", [ReclaimCompleted(generation=5)])
+        assert info.value.outcome_unknown and "cut short" in str(info.value)
+        assert store.fenced is not None and "cut short" in store.fenced
+
+
+def test_a_store_file_shrunk_by_another_processs_vacuum_is_no_fence(tmp_path: Path) -> None:
+    # VACUUM, and the checkpoint after it, shrink the file legitimately (free pages given back): SQLite's own
+    # connections follow it, so a handle open meanwhile must not call its store cut short.
+    path = tmp_path / "events.db"
+    make_store(path)
+    conn = apsw.Connection(str(path))  # free pages, as deleted leases and cleared snapshots leave them
+    conn.execute("CREATE TABLE spare (b BLOB)")
+    conn.executemany("INSERT INTO spare VALUES (randomblob(8000))", [()] * 64)
+    conn.execute("DROP TABLE spare")
+    conn.close()
+    with EventStore.open(path) as store:
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+        size = path.stat().st_size
+        code = ("import apsw, sys\n"
+                "conn = apsw.Connection(sys.argv[1])\n"
+                "conn.execute('VACUUM')\n"
+                "conn.execute('PRAGMA wal_checkpoint(TRUNCATE)')\n"
+                "conn.close()\n")
+        subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+        assert path.stat().st_size < size
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=5)])
+        store.check_followed(5)
+        assert store.fenced is None and store.verify().events == 5
+        # The shrunk size is the least from now on: later writes take no read transaction to check it again.
+        assert store.backend.files.size < size  # type: ignore[attr-defined]
+
+
+def test_a_store_restored_under_an_open_handle_behind_what_it_committed_fences_at_the_next_write(
+        tmp_path: Path) -> None:
+    # Another process restores an older copy into the live file through SQLite (the backup API, as the sqlite3
+    # shell's .restore does): the same file, its size maybe the same, every SQLite connection following. A
+    # handle that committed seqs 4 and 5 must not chain seq 4 again onto the copy's head: that forks the log.
+    path, old = tmp_path / "events.db", tmp_path / "old.db"
+    make_store(path)
+    with EventStore.open(path) as store:
+        source, copy = apsw.Connection(str(path)), apsw.Connection(str(old))
+        with copy.backup("main", source, "main") as backup:
+            backup.step()
+        source.close()
+        copy.close()
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4), ReclaimCompleted(generation=5)])
+        code = ("import apsw, sys\n"
+                "live = apsw.Connection(sys.argv[1])\n"
+                "copy = apsw.Connection(sys.argv[2], flags=apsw.SQLITE_OPEN_READONLY)\n"
+                "with live.backup('main', copy, 'main') as backup:\n"
+                "    backup.step()\n"
+                "live.close()\n")
+        subprocess.run([sys.executable, "-c", code, str(path), str(old)], check=True)
+        before = file_digests(path)
+        with raises_exactly(StoreBehindSealError) as info:
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+        assert "seq 5" in str(info.value) and "seq 3" in str(info.value) and str(path) in str(info.value)
+        assert store.fenced is not None and file_digests(path) == before
+        assert store.head().seq == 3
 
 
 def test_a_store_file_that_grows_under_another_writer_is_no_fence(tmp_path: Path) -> None:
