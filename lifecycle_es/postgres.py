@@ -99,7 +99,8 @@ class PostgresBackend(ServerReadModelTables):
         except psycopg.Error as exc:
             raise translation("read the store's identity", exc, self.path) from exc
         if row is None or row[1] is None:
-            raise StoreFencedError(f"the store in {self.path} is gone (schema {self.schema!r} holds no store id)")
+            raise StoreFencedError(f"the store in {self.path} is gone (schema {self.schema!r} holds no store "
+                                   "id): restore it from a good copy, or open the store where it now is")
         return (int(row[0]), int.from_bytes(bytes(row[1])[:8], "big"))
 
     def file_identity(self) -> tuple[int, int]:

@@ -140,7 +140,8 @@ class ServerTransaction:
         except psycopg.Error as exc:
             self._abandon()
             if isinstance(exc, psycopg.errors.UndefinedTable):
-                raise StoreFencedError(f"the store in {backend.path} is gone (schema {backend.schema!r})") from None
+                raise StoreFencedError(f"the store in {backend.path} is gone (schema {backend.schema!r}): restore it "
+                                       "from a good copy, or open the store where it now is") from None
             raise translation(self.action, exc, backend.path) from exc
         # The store's identity, read under the lock: the storage replaced underneath fences this handle here,
         # without a round trip of its own (`checks_identity_in_write`).
@@ -148,7 +149,8 @@ class ServerTransaction:
         if locked is None or locked[0] is None or int.from_bytes(bytes(locked[0])[:8], "big") != backend.identity[1]:
             self._abandon()
             raise StoreFencedError(f"the store in {backend.path} is not the one this handle opened (replaced "
-                                   "underneath, or another cluster answers at its address)")
+                                   "underneath, or another cluster answers at its address): reopen the store, "
+                                   "after checking which copy is the right one")
         # The head as the locked row holds it: each write is checked against the last event by advance_head,
         # so a head row edited by hand fails there. Behind the last event this handle committed or saw, the
         # store was restored under the connection: writing on would fork the log (a comparison, no query).
