@@ -6,8 +6,8 @@ sit beside it, the only other modules that speak SQL: ``sqlite_write`` (the writ
 always begins IMMEDIATE, and what the connection knows of the log's end while it holds the lock),
 ``sqlite_savepoint`` (a group commit's command inside it), ``sqlite_schema`` (the schema, its
 migrations and the exact check), ``sqlite_profile`` (the pragma profile), ``sqlite_files`` (which
-files may be opened, how a store file is born), ``sqlite_read_models`` (the read models' tables) and
-``sqlite_errors`` (apsw errors as StoreErrors).
+files may be opened, how a store file is born), ``sqlite_read_models`` (the read models' tables),
+``sqlite_caches`` (snapshots and host leases) and ``sqlite_errors`` (apsw errors as StoreErrors).
 A PostgreSQL backend implements the same interface.
 """
 
@@ -24,8 +24,9 @@ from typing import Any, cast
 
 import apsw
 
-from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, HostLeaseRow, Row, Tail, paged, stream_paged
+from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Row, Tail, paged, stream_paged
 from .errors import IntegrityError, StoreFencedError, StoreFormatError, StoreIOError
+from .sqlite_caches import CacheTables
 from .sqlite_errors import translated
 from .sqlite_files import ROW_COLUMNS, OpenedFiles, check_path, create_file, read_only_fs
 from .sqlite_profile import _expect, _pragma, apply_profile, apply_read_profile, set_busy_timeout
@@ -55,7 +56,7 @@ _STREAMS = ("WITH RECURSIVE s(stream) AS (SELECT min(stream) FROM events UNION A
 _PAGE_COLUMNS = f"seq, stream, version, type, at, iif(length(body) > {MAX_EVENT_BYTES}, NULL, body), prev, hash"
 
 
-class SqliteBackend(ReadModelTables):
+class SqliteBackend(ReadModelTables, CacheTables):
     """One apsw connection to one store file, with the write transaction and the queries the store needs."""
 
     def __init__(self, path: str, *, durability: str, busy_timeout_ms: int, vfs: str | None = None,
@@ -401,49 +402,9 @@ class SqliteBackend(ReadModelTables):
         else:
             time.sleep(timeout)
 
-    def snapshot(self, stream: str) -> tuple[int, int, bytes, bytes] | None:
-        """(version, seq, state, event_hash) of a stream's snapshot, if any."""
-        with translated("read snapshot"):
-            rows = self.conn.execute(
-                "SELECT version, seq, state, event_hash FROM snapshots WHERE stream = ?", (stream,)).fetchall()
-        return cast("tuple[int, int, bytes, bytes]", rows[0]) if rows else None
-
     def clock_ms(self) -> int | None:
         """None: a file has no clock of its own (the store's clock decides host leases' expiry)."""
         return None
-
-    def host_lease(self, stream: str) -> HostLeaseRow | None:
-        """(holder, token, expires_ms) of the runner's host lease, or None. A primary key lookup."""
-        with translated("read the host lease"):
-            rows = self.conn.execute("SELECT holder, token, expires_ms FROM host_leases WHERE stream = ?",
-                                     (stream,)).fetchall()
-        return cast("HostLeaseRow", rows[0]) if rows else None  # STRICT: TEXT, INTEGER, INTEGER
-
-    def put_host_lease(self, stream: str, holder: str, token: int, expires_ms: int) -> None:
-        """Insert or replace the runner's host lease row (inside a write transaction)."""
-        self.log_end.check_open("write the host lease")
-        before = self.conn.total_changes()
-        self.conn.execute(
-            "INSERT INTO host_leases (stream, holder, token, expires_ms) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (stream) DO UPDATE SET holder = excluded.holder, token = excluded.token,"
-            " expires_ms = excluded.expires_ms", (stream, holder, token, expires_ms))
-        self.log_end.wrote_one(before)
-
-    def put_snapshot(self, stream: str, version: int, seq: int, state: bytes, event_hash: bytes) -> None:
-        """Insert or replace a stream's snapshot (inside a write transaction)."""
-        self.log_end.check_open("write a snapshot")
-        before = self.conn.total_changes()
-        self.conn.execute(
-            "INSERT INTO snapshots (stream, version, seq, state, event_hash) VALUES (?, ?, ?, ?, ?)"
-            " ON CONFLICT (stream) DO UPDATE SET version = excluded.version, seq = excluded.seq,"
-            " state = excluded.state, event_hash = excluded.event_hash",
-            (stream, version, seq, state, event_hash))
-        self.log_end.wrote_one(before)
-
-    def snapshot_positions(self) -> list[tuple[str, int]]:
-        """(stream, seq) of every stored snapshot, by seq (snapshots of streams the log lacks included)."""
-        with translated("list snapshots"):
-            return [(row[0], row[1]) for row in self.conn.execute("SELECT stream, seq FROM snapshots ORDER BY seq")]
 
     def seq_bounds(self) -> tuple[int, int | None]:
         """How many rows the events table holds, and its lowest seq (None when empty): a walk that reads
@@ -452,11 +413,6 @@ class SqliteBackend(ReadModelTables):
             (count, lowest), = cast("list[tuple[int, int | None]]", self.conn.execute(
                 "SELECT count(*), min(seq) FROM events").fetchall())
         return count, lowest
-
-    def clear_snapshots(self) -> None:
-        """Delete every snapshot (inside a write transaction); they are a cache the log rebuilds."""
-        self.log_end.check_open("clear the snapshots")
-        self.conn.execute("DELETE FROM snapshots")
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         """Run one raw statement: for tests and tools that must reach under the store (to tamper with a
