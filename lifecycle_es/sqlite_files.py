@@ -8,8 +8,12 @@ ever sees a half-made store; an orphaned ``-wal`` (of a store removed while in u
 A connection keeps the store file, its WAL (``-wal``) and the WAL's index (``-shm``) open by descriptor.
 Another process that removes or replaces one of them at the path (a restore, a cleanup, a copy) leaves the
 connection on files no one else opens: its commits would land in a WAL no other connection reads (lost
-when the process dies) or be indexed where no other writer looks. `OpenedFiles` notices, with one
-``os.stat`` per file, and so does a store file cut short below the size it had at the last commit.
+when the process dies) or be indexed where no other writer looks. `OpenedFiles` notices, and so does a
+store file cut short below the size it had at the last commit: one ``os.stat`` of the store file, one
+of its directory, and one per side file only when the directory changed. A ``stat`` of the ``-wal``
+before its next ``fdatasync`` makes that sync cost a journal commit more on current Linux (about 90 µs
+a commit here), while no side file is removed, created or renamed without changing the directory's
+ctime.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import time
 from collections.abc import Iterable, Sequence
 
 import apsw
@@ -52,6 +57,10 @@ def check_path(path: str) -> bool:
         raise StoreFormatError(f"store file {path!r} is empty: not a lifecycle-es store")
     return True
 
+
+SETTLED_NS = 2_000_000_000
+"""How long a directory must have been still before its unchanged ctime vouches for its side files (far
+beyond a file system's timestamp granularity)."""
 
 FileId = tuple[int, int]
 """A file's (device, inode): which file a path names, whatever it holds."""
@@ -91,7 +100,7 @@ class OpenedFiles:
     last commit: `changed` says when the files at the path are no longer those (one ``os.stat`` per file, and
     one read transaction when the store file shrank)."""
 
-    __slots__ = ("conn", "identity", "immutable", "path", "sides", "size")
+    __slots__ = ("conn", "directory", "identity", "immutable", "path", "settled", "sides", "size")
 
     def __init__(self, path: str, conn: apsw.Connection, *, immutable: bool = False) -> None:
         self.path = path
@@ -103,6 +112,8 @@ class OpenedFiles:
         # Recorded once the connection has read: SQLite opens (and creates) both then. An immutable open uses
         # neither (a stray -shm left there is no file of its own); its -wal must stay absent instead.
         self.sides = [] if immutable else [(side, file_id(side)) for side in side_files(path)]
+        self.directory = os.path.dirname(path) or "."
+        self.settled: tuple[int, int, int, int] | None = None  # the directory when the side files last checked out
 
     def changed(self) -> str | None:
         """Why the files at the store's path are not the ones the connection opened, naming the file and
@@ -139,11 +150,31 @@ class OpenedFiles:
             return (f"{side_files(path)[0]!r} appeared underneath this connection, which opened the store immutable "
                     "(read-only, no -wal then) and never reads a -wal: another connection opened the store since, "
                     "and a writer's commits go there; reopen the store to read them"), 0
-        side = changed_file(self.sides)
-        if side is not None:
-            return (f"{side[0]!r} was {side[1]} underneath this connection, which would commit where no other "
-                    "connection looks: close this handle and reopen the store"), 0
+        if self.sides:
+            seen = self._directory()
+            if seen is None or seen != self.settled:
+                side = changed_file(self.sides)
+                if side is not None:
+                    return (f"{side[0]!r} was {side[1]} underneath this connection, which would commit where no "
+                            "other connection looks: close this handle and reopen the store"), 0
+                self.settled = seen
         return None, info.st_size
+
+    def _directory(self) -> tuple[int, int, int, int] | None:
+        """The directory's (device, inode, mtime, ctime) when it has been still for `SETTLED_NS`, else None.
+
+        A side file removed, created or renamed changes the directory's ctime, which no one can set back.
+        Read before the side files are, and trusted only once settled: a change in the same clock tick as
+        a recent ctime could leave it unchanged, but a change after a ctime older than `SETTLED_NS` stamps
+        a later one.
+        """
+        try:
+            info = os.stat(self.directory)
+        except OSError:
+            return None
+        if time.time_ns() - max(info.st_mtime_ns, info.st_ctime_ns) <= SETTLED_NS:
+            return None
+        return (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
 
     def _pages_missing(self) -> bool | None:
         """Whether the store file and its WAL together are too short for the pages the log now counts: pages gone

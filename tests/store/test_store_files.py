@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from waiting import returns_within
+from waiting import returns_within, wait_for
 
 from lifecycle_es import (
     EventStore,
@@ -36,6 +37,7 @@ from lifecycle_es import (
     StorePragmaError,
     audit,
     chain,
+    sqlite_files,
 )
 from lifecycle_es.canonical import canonical_bytes, iso_ms
 from lifecycle_es.events import ReclaimCompleted, RunnerParked, encode
@@ -635,14 +637,28 @@ def replace_side_file(side: Path, how: str) -> None:
         side.write_bytes(kept)
 
 
+def settle(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    """Make `directory` count as settled (still long enough for its ctime to vouch for the side files) at
+    once, by shortening how long that takes to 20 ms and waiting for that."""
+    monkeypatch.setattr(sqlite_files, "SETTLED_NS", 20_000_000)
+    assert wait_for(lambda: time.time_ns() - directory.stat().st_ctime_ns > 40_000_000)
+
+
+@pytest.mark.parametrize("directory", ["changing", "settled"])
 @pytest.mark.parametrize("how", ["removed", "replaced"])
 @pytest.mark.parametrize("suffix", ["-wal", "-shm"])
-def test_a_side_file_removed_or_replaced_underneath_fences_the_store(tmp_path: Path, suffix: str, how: str) -> None:
+def test_a_side_file_removed_or_replaced_underneath_fences_the_store(tmp_path: Path, suffix: str, how: str,
+                                                                    directory: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # Its WAL or the WAL's index gone from under the connection: a commit would land in a file no other
-    # connection reads (lost when this process dies), or be indexed where no other writer looks.
+    # connection reads (lost when this process dies), or be indexed where no other writer looks. In a
+    # settled directory the side files are not stat'ed again until the directory's ctime moves, as it
+    # does here.
     path = tmp_path / "events.db"
     make_store(path)
     with EventStore.open(path) as store:
+        if directory == "settled":
+            settle(monkeypatch, tmp_path)
         store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
         replace_side_file(Path(f"{path}{suffix}"), how)
         before = file_digests(path)
@@ -657,6 +673,29 @@ def test_a_side_file_removed_or_replaced_underneath_fences_the_store(tmp_path: P
         with raises_exactly(StoreFencedError):
             store.backend.data_version()  # a follower's poll says so too, not a number that never moves
         assert store.head().seq == 4  # reads go on
+
+
+def test_a_settled_directory_spares_the_side_files_a_stat_until_it_changes(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stat of the -wal before its next fdatasync costs that sync a journal commit more: a directory whose
+    # ctime has not moved since it settled vouches for its side files instead.
+    path = tmp_path / "events.db"
+    make_store(path)
+    looked: list[object] = []
+    real = sqlite_files.changed_file
+    monkeypatch.setattr(sqlite_files, "changed_file", lambda recorded: looked.append(recorded) or real(recorded))
+    with EventStore.open(path) as store:
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+        assert looked  # the directory was just made: not settled, so the side files are checked
+        settle(monkeypatch, tmp_path)
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=5)])  # settles, checking them once more
+        looked.clear()
+        for generation in range(6, 9):
+            store.append_unchecked("runner-1", [ReclaimCompleted(generation=generation)])
+        assert looked == []
+        (tmp_path / "neighbour").write_bytes(b"")  # any entry made in the directory moves its ctime
+        store.append_unchecked("runner-1", [ReclaimCompleted(generation=9)])
+        assert looked
 
 
 @pytest.mark.parametrize("read_only", [False, True])
