@@ -37,6 +37,7 @@ from .measure import (
     percentile,
     quiesce,
     rate,
+    settle,
     unavailable,
 )
 from .suite import Context, main
@@ -103,6 +104,7 @@ def _single(context: Context, scale: dict[str, int]) -> list[Figure]:
                     return sum(fleet.acquire_settle(es_runner, next(pairs)) for _ in range(count // 2))
                 return rate(saves)
             subjects["eventsourcing"] = es_round
+        settle(context.path("lifecycle-single.db"))
         rates = alternate(subjects, scale["rounds"])
     finally:
         store.close()

@@ -89,6 +89,26 @@ def quiesce() -> None:
     os.sync()
 
 
+def settle(path: str) -> None:
+    """Wait until the directory holding the store file at `path` has been still for as long as the store asks
+    before it trusts it (``sqlite_files.SETTLED_NS``), as a long-lived host's store directory has been.
+
+    Until then every write transaction also stats the store's side files, and a ``stat`` of the ``-wal``
+    makes its next sync slower (see ``lifecycle_es.sqlite_files``): a run measured right after its files
+    were made would time the store's first seconds, not its steady state. Call it after the last file of
+    the measured directory was made, before the first round.
+    """
+    from lifecycle_es.sqlite_files import SETTLED_NS
+
+    directory = os.path.dirname(os.path.abspath(path))
+    while True:
+        info = os.stat(directory)
+        still_ns = time.time_ns() - max(info.st_mtime_ns, info.st_ctime_ns)
+        if still_ns > SETTLED_NS:
+            return
+        time.sleep((SETTLED_NS - still_ns) / 1e9 + 0.05)
+
+
 # --- peak memory -------------------------------------------------------------------------------------
 
 _RSS_PROBE = """

@@ -32,7 +32,7 @@ from lifecycle_es.events import encode
 
 from . import history, runners
 from .baselines import raw_sqlite
-from .measure import NS, Figure, Target, alternate, clock_ns, compared, median, percentile
+from .measure import NS, Figure, Target, alternate, clock_ns, compared, median, percentile, settle
 from .suite import Context, main
 
 THREADS = 64
@@ -131,6 +131,7 @@ def _concurrent(context: Context, scale: dict[str, int]) -> list[Figure]:
             raw_rates.append(count * NS / max(1, spent["raw"]))
             return count * NS / max(1, spent["lone"])
 
+        settle(context.path("throughput.db"))
         rates = alternate({"concurrent": lambda: crowd.round(scale["per_thread"]), "lone": lone_and_raw_round},
                           scale["rounds"])
         rates["raw"] = raw_rates
