@@ -444,6 +444,26 @@ def test_follow_starts_where_n_after_or_since_says(fleet_log: FleetLog, every_ev
         follower.close()
 
 
+def test_follow_that_printed_only_the_tail_still_sees_the_log_cut_back_under_it(fleet_log: FleetLog,
+                                                                                tmp_path: Path) -> None:
+    # It printed the last 2 events and has yielded nothing since: the log it printed them from is cut back
+    # by 3 and grows by 2, so the head never again reaches what it printed. Without the check it waits on,
+    # then prints the new history's events past the old head as if nothing had happened.
+    path = copy_store(fleet_log[0], tmp_path / "followed.db", seal=False)
+    head = fleet_log[1]["head"]
+    follower = Follower(path, "-n", "2", "-f", "-j")
+    try:
+        assert [event["seq"] for event in follower.lines(2)] == [head - 1, head]
+        attack(path, ("DELETE FROM events WHERE seq > ?", (head - 3,)))
+        assert [append_lease(path, "runner-0", f"s-{n}") for n in range(2)] == [head - 2, head - 1]
+        assert follower.proc.wait(timeout=60) == 65
+        code, rest, err = follower.stop()
+        assert rest == b"" and b"Traceback" not in err
+        assert f"head went back from seq {head} to".encode() in err, err
+    finally:
+        follower.close()
+
+
 # --- exit codes: every one the command line can return is documented -----------------------------------
 
 
