@@ -459,14 +459,19 @@ class EventStore:
         row: one cheap read per poll); the log is only read when it moved. Between polls it waits up to
         `poll_interval` (on a server, woken at once by an append's NOTIFY). Stops when `stop` is set, or
         when the caller stops iterating. A log cut back under the follower (its head found below a seq it
-        yielded: rows deleted, an older copy put back) raises IntegrityError at the first seq gone, and the
-        store's files replaced underneath raise StoreFencedError (see `check_followed`).
+        yielded, or below `after` and the head as this call found it: rows deleted, an older copy put back)
+        raises IntegrityError at the first seq gone, and the store's files replaced underneath raise
+        StoreFencedError (see `check_followed`). The head is read here, not at the first iteration: called
+        in the read transaction its caller listed the log's tail in, it holds the follower to that tail.
         """
         interval = safe_number(poll_interval, "poll_interval", 0, 3600, above=True)
         if stream is not None:
             safe_id(stream, "stream")
         watched = None if stop is None else safe_stop(stop)
-        return following.follow_log(self, safe_int(after, "after"), interval, stream, watched)
+        last = safe_int(after, "after")
+        with self.lock:
+            head = self.backend.head()[0]
+        return following.follow_log(self, last, interval, stream, watched, held=min(last, head))
 
     def check_followed(self, reached: int) -> None:
         """Check that the log still holds what a follower has yielded, up to seq `reached`.

@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
             # Past the window's last seq no event is in it: stop there, not at the head.
             printed = _print(itertools.takewhile(lambda r: r.seq <= high, events), keep, args)
             start = max(after, low - 1, printed)
+            following = store.follow(after=start, stream=args.runner, stop=stop) if args.follow else None
         else:
             with store.backend.read_tx("read the last events"):  # the head and the stream's version agree
                 _check_runner(store, args.runner, args.file)
@@ -104,10 +105,13 @@ def run(args: argparse.Namespace) -> int:
                 start = max(after, head)
                 tail = last_events(store, count, runner=args.runner, after=max(after, low - 1), keep=keep,
                                    head=min(start, high))
+                # Started in the transaction the tail was read in: a log cut back below that tail before the
+                # follower's first event is then seen, not followed on from a seq it no longer holds.
+                following = store.follow(after=start, stream=args.runner, stop=stop) if args.follow else None
             _print(tail, keep, args)
-        if args.follow:
+        if following is not None:
             sys.stdout.flush()
-            _print(store.follow(after=start, stream=args.runner, stop=stop), keep, args, flush=True)
+            _print(following, keep, args, flush=True)
     return EXIT_OK
 
 

@@ -457,7 +457,7 @@ def test_follow_that_printed_only_the_tail_still_sees_the_log_cut_back_under_it(
         attack(path, ("DELETE FROM events WHERE seq > ?", (head - 3,)))
         assert [append_lease(path, "runner-0", f"s-{n}") for n in range(2)] == [head - 2, head - 1]
         assert follower.proc.wait(timeout=60) == 65
-        code, rest, err = follower.stop()
+        _, rest, err = follower.stop()
         assert rest == b"" and b"Traceback" not in err
         assert f"head went back from seq {head} to".encode() in err, err
     finally:
