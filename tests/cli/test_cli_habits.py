@@ -224,6 +224,19 @@ def test_events_since_and_until_select_by_time(fleet_log: FleetLog, every_event:
     assert run("events", path, "--since", "yesterday").returncode == 64
 
 
+
+def test_a_since_between_two_milliseconds_starts_after_the_earlier_one(fleet_log: FleetLog,
+                                                                       every_event: list[dict[str, Any]]) -> None:
+    # The store writes times to the millisecond; a --since half a millisecond after an event's at is after
+    # that event, and a --until half a millisecond after it is not before it.
+    path = fleet_log[0]
+    at = every_event[5]["at"]
+    later = at[:-1] + "5Z"  # 2026-01-01T00:00:05.000Z -> 2026-01-01T00:00:05.0005Z
+    assert json_lines(run("events", path, "--since", later, "-j")) == [
+        event for event in every_event if event["at"] > at]
+    assert json_lines(run("events", path, "--until", later, "-j")) == [
+        event for event in every_event if event["at"] <= at]
+
 def test_a_time_window_is_found_by_bisection_not_by_reading_the_log(fleet_log: FleetLog,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     path = fleet_log[0]
