@@ -38,7 +38,7 @@ from lifecycle_es.store import EventStore
 
 from .access import int_at_least, open_store
 from .exits import EXIT_OK, EXIT_USAGE, CommandError, json_printable, no_runner, printable
-from .options import ALL, lines, runner_id, when, window_order
+from .options import ALL, lines, runner_id, since, when, window_order
 
 MAX_FIELD_CHARS = 60
 FOLLOW_LINES = 10  # what -f alone prints before following, as journalctl -f
@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("-r", "--runner", type=runner_id, metavar="R",
                         help="only this runner's events (exit 66 when the log has none)")
     parser.add_argument("--after", type=int_at_least(0), metavar="SEQ", help="only events after this seq")
-    parser.add_argument("--since", type=when, metavar="T", help="only events at or after this time: ISO-8601, UTC "
+    parser.add_argument("--since", type=since, metavar="T", help="only events at or after this time: ISO-8601, UTC "
                                                                   "unless it names an offset, e.g. 2026-03-02T10:00")
     parser.add_argument("--until", type=when, metavar="T", help="only events at or before this time, as --since "
                                                                   "(not with -f)")
