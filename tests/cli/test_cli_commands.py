@@ -304,6 +304,18 @@ def test_export_then_import_restores_the_rows_byte_for_byte(fleet_log: FleetLog,
     assert run("export", path, tmp_path / "no-such-dir" / "x.jsonl").returncode == 73
 
 
+
+def test_export_import_and_rebuild_print_a_file_name_escaped(fleet_log: FleetLog, tmp_path: Path) -> None:
+    # A name found by a glob in a directory others write to can hold what drives a terminal.
+    evil = "x\x1b]0;owned\x07\u202e"
+    path = copy_store(fleet_log[0], tmp_path / f"{evil}.db", seal=False)
+    exported, imported = tmp_path / f"{evil}.jsonl", tmp_path / f"{evil}-copy.db"
+    for argv in (("export", path, exported), ("import", exported, imported), ("rebuild", path)):
+        done = run(*argv)
+        assert done.returncode == 0, done.stderr
+        assert printable(evil) in done.stdout, done.stdout
+        assert not set(done.stdout) & {"\x1b", "\x07", "\u202e"}, done.stdout
+
 def test_import_verifies_the_export_before_writing_anything(fleet_log: FleetLog, tmp_path: Path) -> None:
     out = tmp_path / "fleet.jsonl"
     assert run("export", fleet_log[0], out).returncode == 0
