@@ -76,6 +76,18 @@ def test_a_runner_id_that_cannot_be_one_is_bad_usage_before_the_file_is_read(tmp
         assert done.returncode == 64 and "'no spaces!' is not an id" in done.stderr, done.stderr
 
 
+
+@pytest.mark.parametrize("argv", [("show", "runner-0", "EVIL"), ("events", "--EVIL"), ("rebuild", "EVIL")],
+                         ids=" ".join)
+def test_a_usage_error_prints_what_it_quotes_escaped(fleet_log: FleetLog, argv: tuple[str, ...]) -> None:
+    # `lifecycle-es show runners.db runner-0 *` in a directory where others name files: argparse quotes the
+    # arguments it did not expect as they are.
+    evil = "f\x1b]0;owned\x07\u202e"
+    done = run(argv[0], fleet_log[0], *(arg.replace("EVIL", evil) for arg in argv[1:]))
+    assert done.returncode == 64
+    assert "f\\x1b]0;owned\\x07\\u202e" in done.stderr, done.stderr
+    assert not set(done.stderr) & {"\x1b", "\x07", "\u202e"}, done.stderr
+
 @pytest.mark.parametrize("argv", [
     ("events", "--after", "99999999999999999999"),
     ("events", "--after", "99999999999999999999", "-n", "5"),
