@@ -2,8 +2,10 @@
 
 A snapshot is a cache: ``(stream, version, seq, tag || state bytes, hash of the event at seq)``. The
 tag (``EventStore.snapshot_tag``: a MAC under the store's key when keyed, bound in every mode to the
-store, the stream, the version, the seq, the event's hash and the state's bytes) proves who wrote it:
-a command only acts on state it can prove, so a snapshot is only folded from when its tag verifies and
+store, the stream, the version, the seq, the event's hash and the state's bytes) proves who wrote it
+when keyed; unkeyed it is a hash anyone who reads the file can compute, which catches damage, staleness
+and copies but not a forgery by whoever writes the file (the audit compares every snapshot with the
+replay). A command only acts on state it can prove, so a snapshot is only folded from when its tag verifies and
 the log still holds that hash at that seq for that stream and version. Any other snapshot (edited,
 copied from another store or stream, written before snapshots were tagged, or read without the key)
 is ignored: the runner is replayed from its first event, and the next snapshot or `projections.rebuild`

@@ -22,6 +22,7 @@ from fleets import (
     attack,
     audit_json,
     copy_store,
+    edit_caches,
     one_error_line,
     row,
     rows_and_meta,
@@ -35,7 +36,8 @@ from lifecycle_es.cli.exits import one_line, printable
 from lifecycle_es.cli.show import fleet_text, runner_text
 from lifecycle_es.events import RUNNER_SCHEMA, LeaseAcquired, LeaseSettled, RunnerInitialized
 from lifecycle_es.receipts import project
-from lifecycle_es.state import Lease, ProxyRef
+from lifecycle_es.replay import load, snapshot_blob
+from lifecycle_es.state import Lease, ProxyRef, encode_state
 from projections import fleet_of
 
 FleetLog = tuple[Path, dict[str, int]]
@@ -70,6 +72,22 @@ def test_show_the_fleet(fleet_log: FleetLog) -> None:
     assert all(column in header for column in ("state", "gen", "policy", "proxy", "drain deadline", "active"))
     assert any(line.startswith("runner-2") and " parked " in line for line in lines)
 
+
+
+def test_a_snapshot_retagged_by_an_unkeyed_files_writer_is_believed_by_show_and_caught_by_the_audit(
+        fleet_log: FleetLog, tmp_path: Path) -> None:
+    # What the README says of an unkeyed store: its tags are hashes whoever writes the file can compute.
+    path = copy_store(fleet_log[0], tmp_path / "forged.db", seal=False)
+    with EventStore.open(path, read_only=True) as store:
+        version, seq, _, event_hash = store.backend.snapshot("runner-2")  # type: ignore[misc]
+        then = load(store, "runner-2", use_snapshot=False, until_seq=seq).state
+        assert then is not None and then.state == "parked"
+        lie = encode_state(msgspec.structs.replace(then, state="accepting"))
+        blob = snapshot_blob(store, "runner-2", version, seq, event_hash, lie)
+    edit_caches(path, ("UPDATE snapshots SET state = ? WHERE stream = ?", (blob, "runner-2")))
+    assert json.loads(run("show", path, "runner-2", "--json").stdout)["runner"]["state"] == "accepting"
+    audited = run("audit", path)
+    assert audited.returncode == 65 and "snapshot of 'runner-2' differs from the replayed state" in audited.stdout
 
 def test_show_one_runner_now_and_at_an_older_seq(fleet_log: FleetLog) -> None:
     path, marks = fleet_log
