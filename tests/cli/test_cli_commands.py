@@ -387,9 +387,21 @@ def test_an_export_line_longer_than_an_event_can_be_is_refused_as_it_streams(fle
         assert not os.path.exists(target)
 
 
-def limit_memory() -> None:
-    """preexec_fn: a 1 GiB address space, so a file read whole is a visible failure, not a slow success."""
-    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+def test_a_snapshot_row_larger_than_any_state_is_ignored_unread(fleet_log: FleetLog, tmp_path: Path) -> None:
+    # A file's writer can make a snapshot's state any size SQLite holds; read whole (twice, tag and state split),
+    # 300 MB does not fit in 512 MiB of address space, and a state is never more than a few MB.
+    path = copy_store(fleet_log[0], tmp_path / "huge.db", seal=False)
+    edit_caches(path, ("UPDATE snapshots SET state = zeroblob(300000000) WHERE stream = ?", ("runner-2",)))
+    done = subprocess.run([str(CLI), "show", str(path), "runner-2", "--json"], capture_output=True, text=True,
+                          timeout=120, check=False, preexec_fn=lambda: limit_memory(512 << 20))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["runner"]["state"] == "parked"
+
+def limit_memory(size: int = 1 << 30) -> None:
+    """preexec_fn: an address space of `size` (1 GiB), so a file read whole is a visible failure, not a slow
+    success."""
+    resource.setrlimit(resource.RLIMIT_AS, (size, size))
 
 
 # --- key files -----------------------------------------------------------------------------------------
