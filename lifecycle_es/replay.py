@@ -31,6 +31,7 @@ from .log import RecordedEvent
 from .runner import RULES, STATES, start, step, step_timed
 from .state import RunnerState, decode_state, encode_state, index_of
 from .store import EventStore
+from .values import MAX_SAFE_INTEGER
 
 
 class Folded(NamedTuple):
@@ -100,7 +101,8 @@ def snapshot_of(store: EventStore, stream: str) -> Folded | None:
         return None
     version, seq, blob, event_hash = found
     data = proven_state(store, stream, version, seq, blob, event_hash)
-    if data is None:
+    # A seq no log holds (an unkeyed file's writer can tag any): not one for `event_at` to refuse as an argument.
+    if data is None or not 0 < seq <= MAX_SAFE_INTEGER:
         return None
     recorded = store.event_at(seq)
     if recorded is None or recorded.hash != event_hash or recorded.stream != stream or recorded.version != version:
