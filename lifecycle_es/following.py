@@ -19,9 +19,27 @@ from typing import TYPE_CHECKING
 
 from .errors import IntegrityError, StoreFencedError
 from .log import RecordedEvent
+from .values import safe_id, safe_int, safe_number, safe_stop
 
 if TYPE_CHECKING:
     from .store import EventStore
+
+
+def checked(after: object, poll_interval: object, stream: object,
+            stop: object) -> tuple[int, float, threading.Event | None]:
+    """`EventStore.follow`'s arguments checked, as (after, poll interval, stop); no read of the store."""
+    interval = safe_number(poll_interval, "poll_interval", 0, 3600, above=True)
+    if stream is not None:
+        safe_id(stream, "stream")
+    watched = None if stop is None else safe_stop(stop)
+    return safe_int(after, "after"), interval, watched
+
+
+def held(store: EventStore, after: int) -> int:
+    """What a follower starting after seq `after` holds of the log: the lower of `after` and the head now."""
+    with store.lock:
+        head = store.backend.head()[0]
+    return min(after, head)
 
 
 def follow_log(store: EventStore, last: int, poll_interval: float, stream: str | None,
