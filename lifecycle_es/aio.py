@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from . import following
 from .backend import PAGE_ROWS
 from .errors import InvalidInputError, StoreError
 from .events import Event
@@ -177,11 +178,13 @@ class AsyncEventStore:
         checks them; a log cut back under it raises IntegrityError, its file replaced StoreFencedError, as
         there (`EventStore.check_followed`).
         """
-        self.store.follow(after=after, poll_interval=poll_interval, stream=stream)  # the checks; never iterated
+        following.checked(after, poll_interval, stream, None)  # no read here: the loop's thread never waits
         return self._follow(after, poll_interval, stream)
 
     async def _follow(self, last: int, poll_interval: float, stream: str | None) -> AsyncIterator[RecordedEvent]:
-        reached = 0  # the highest seq yielded: a head found below it is a log cut back under the follower
+        # The highest seq the log is known to have held up to the follower's place (yielded, or held at its start):
+        # a head found below it is a log cut back under the follower, even one that has yielded nothing yet.
+        reached = await self.run(following.held, self.store, last)
         while True:
             page = await self.run(self._page, last, stream, reached)
             for recorded in page:

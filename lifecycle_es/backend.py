@@ -10,7 +10,9 @@ Sizes: an event's body is at most `MAX_EVENT_BYTES` (512 KiB; the largest a comm
 DrainExpired naming 1024 lease ids, about 270 KB), and a read is paged by rows and by bytes (a page ends
 at `PAGE_ROWS` rows or once its bodies reach `PAGE_BYTES`), so reading a log costs a bounded amount of
 memory whatever its rows hold. A row whose body is beyond the bound is never loaded: reading it raises
-IntegrityError at its seq.
+IntegrityError at its seq. A snapshot's state is at most `MAX_SNAPSHOT_BYTES` (a state is at most a few MB:
+its leases are retained by count, each field bounded); a larger one is read as empty bytes, never loaded, and
+so proves nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ Tail = tuple[int, int, bytes | None, str | None]
 HostLeaseRow = tuple[str, int, int]
 
 MAX_EVENT_BYTES = 512 * 1024
+MAX_SNAPSHOT_BYTES = 16 * 1024 * 1024
 PAGE_ROWS = 2000
 PAGE_BYTES = 8 * 1024 * 1024
 
@@ -219,7 +222,8 @@ class Backend(Protocol):
     # --- snapshots ------------------------------------------------------------------------------------
 
     def snapshot(self, stream: str) -> tuple[int, int, bytes, bytes] | None:
-        """A stream's snapshot: (version, seq, tagged state bytes, hash of the event at seq)."""
+        """A stream's snapshot: (version, seq, tagged state bytes, hash of the event at seq); the state bytes
+        empty, unread, when beyond `MAX_SNAPSHOT_BYTES`."""
         ...
 
     def snapshot_positions(self) -> list[tuple[str, int]]:

@@ -19,18 +19,39 @@ from typing import TYPE_CHECKING
 
 from .errors import IntegrityError, StoreFencedError
 from .log import RecordedEvent
+from .values import safe_id, safe_int, safe_number, safe_stop
 
 if TYPE_CHECKING:
     from .store import EventStore
 
 
+def checked(after: object, poll_interval: object, stream: object,
+            stop: object) -> tuple[int, float, threading.Event | None]:
+    """`EventStore.follow`'s arguments checked, as (after, poll interval, stop); no read of the store."""
+    interval = safe_number(poll_interval, "poll_interval", 0, 3600, above=True)
+    if stream is not None:
+        safe_id(stream, "stream")
+    watched = None if stop is None else safe_stop(stop)
+    return safe_int(after, "after"), interval, watched
+
+
+def held(store: EventStore, after: int) -> int:
+    """What a follower starting after seq `after` holds of the log: the lower of `after` and the head now."""
+    with store.lock:
+        head = store.backend.head()[0]
+    return min(after, head)
+
+
 def follow_log(store: EventStore, last: int, poll_interval: float, stream: str | None,
-               stop: threading.Event | None) -> Iterator[RecordedEvent]:
+               stop: threading.Event | None, *, held: int = 0) -> Iterator[RecordedEvent]:
     """`EventStore.follow`'s events (its arguments checked there): read whenever the backend's data version or
-    this handle's own commits moved, checked with `check_followed` after each read."""
+    this handle's own commits moved, checked with `check_followed` after each read. `held`: a seq the log held
+    when the follower started after it (the lower of its start and the head then)."""
     backend = store.backend
     seen: tuple[int, int] | None = None
-    reached = 0  # the highest seq yielded: a head found below it is a log cut back under the follower
+    # The highest seq the log is known to have held up to the follower's place (yielded, or held at its start):
+    # a head found below it is a log cut back under the follower, even one that has yielded nothing yet.
+    reached = held
     while stop is None or not stop.is_set():
         try:
             with store.lock:
@@ -48,8 +69,8 @@ def follow_log(store: EventStore, last: int, poll_interval: float, stream: str |
 
 
 def check_followed(store: EventStore, reached: int) -> None:
-    """`EventStore.check_followed` (`reached` checked there): the files first, then the head, when anything
-    was yielded (a follower that yielded nothing has nothing to lose)."""
+    """`EventStore.check_followed` (`reached` checked there): the files first, then the head, when the
+    follower holds any seq (one that holds none has nothing to lose)."""
     backend = store.backend
     with store.lock:
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .backend import MAX_EVENT_BYTES
+from .backend import MAX_EVENT_BYTES, MAX_SNAPSHOT_BYTES
 from .postgres_schema import ROW_COLUMNS
 
 CHANNEL_PREFIX = "lifecycle_es_"
@@ -65,7 +65,9 @@ class Statements:
                         f" SELECT (SELECT min(e.stream) FROM {s}.events e WHERE e.stream > s.stream) FROM s"
                         " WHERE s.stream IS NOT NULL) SELECT stream FROM s WHERE stream IS NOT NULL")
         self.bounds = f"SELECT count(*), min(seq) FROM {s}.events"
-        self.snapshot = f"SELECT version, seq, state, event_hash FROM {s}.snapshots WHERE stream = %s"
+        # A state beyond the bound is read as empty bytes (octet_length reads a TOASTed value's size, not the value).
+        self.snapshot = (f"SELECT version, seq, CASE WHEN octet_length(state) > {MAX_SNAPSHOT_BYTES} THEN ''::bytea"
+                         f" ELSE state END, event_hash FROM {s}.snapshots WHERE stream = %s")
         self.put_snapshot = (f"INSERT INTO {s}.snapshots (stream, version, seq, state, event_hash)"
                              " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (stream) DO UPDATE SET"
                              " version = excluded.version, seq = excluded.seq, state = excluded.state,"

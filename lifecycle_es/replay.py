@@ -2,8 +2,10 @@
 
 A snapshot is a cache: ``(stream, version, seq, tag || state bytes, hash of the event at seq)``. The
 tag (``EventStore.snapshot_tag``: a MAC under the store's key when keyed, bound in every mode to the
-store, the stream, the version, the seq, the event's hash and the state's bytes) proves who wrote it:
-a command only acts on state it can prove, so a snapshot is only folded from when its tag verifies and
+store, the stream, the version, the seq, the event's hash and the state's bytes) proves who wrote it
+when keyed; unkeyed it is a hash anyone who reads the file can compute, which catches damage, staleness
+and copies but not a forgery by whoever writes the file (the audit compares every snapshot with the
+replay). A command only acts on state it can prove, so a snapshot is only folded from when its tag verifies and
 the log still holds that hash at that seq for that stream and version. Any other snapshot (edited,
 copied from another store or stream, written before snapshots were tagged, or read without the key)
 is ignored: the runner is replayed from its first event, and the next snapshot or `projections.rebuild`
@@ -29,6 +31,7 @@ from .log import RecordedEvent
 from .runner import RULES, STATES, start, step, step_timed
 from .state import RunnerState, decode_state, encode_state, index_of
 from .store import EventStore
+from .values import MAX_SAFE_INTEGER
 
 
 class Folded(NamedTuple):
@@ -98,7 +101,8 @@ def snapshot_of(store: EventStore, stream: str) -> Folded | None:
         return None
     version, seq, blob, event_hash = found
     data = proven_state(store, stream, version, seq, blob, event_hash)
-    if data is None:
+    # A seq no log holds (an unkeyed file's writer can tag any): not one for `event_at` to refuse as an argument.
+    if data is None or not 0 < seq <= MAX_SAFE_INTEGER:
         return None
     recorded = store.event_at(seq)
     if recorded is None or recorded.hash != event_hash or recorded.stream != stream or recorded.version != version:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, cast
 
 import apsw
 
-from .backend import HostLeaseRow
+from .backend import MAX_SNAPSHOT_BYTES, HostLeaseRow
 from .sqlite_errors import translated
 
 if TYPE_CHECKING:
@@ -26,10 +26,12 @@ class CacheTables:
     log_end: LogEnd
 
     def snapshot(self, stream: str) -> tuple[int, int, bytes, bytes] | None:
-        """(version, seq, state, event_hash) of a stream's snapshot, if any."""
+        """(version, seq, state, event_hash) of a stream's snapshot, if any; the state empty when beyond
+        MAX_SNAPSHOT_BYTES (``length()`` of a blob reads its size, not its pages)."""
         with translated("read snapshot"):
             rows = self.conn.execute(
-                "SELECT version, seq, state, event_hash FROM snapshots WHERE stream = ?", (stream,)).fetchall()
+                f"SELECT version, seq, iif(length(state) > {MAX_SNAPSHOT_BYTES}, x'', state), event_hash"
+                " FROM snapshots WHERE stream = ?", (stream,)).fetchall()
         return cast("tuple[int, int, bytes, bytes]", rows[0]) if rows else None
 
     def host_lease(self, stream: str) -> HostLeaseRow | None:

@@ -51,7 +51,7 @@ from .log import Head, RecordedEvent, VerifyReport
 from .seal import Seal, check_seal, read_seal, write_seal
 from .transaction import WriteTransaction as WriteTransaction  # re-exported: where it was always imported from
 from .transaction import _Fencing
-from .values import safe_choice, safe_id, safe_int, safe_number, safe_progress, safe_stop, shown
+from .values import safe_choice, safe_id, safe_int, safe_progress, shown
 from .verify import verify_rows, well_formed_at
 
 if TYPE_CHECKING:
@@ -459,14 +459,13 @@ class EventStore:
         row: one cheap read per poll); the log is only read when it moved. Between polls it waits up to
         `poll_interval` (on a server, woken at once by an append's NOTIFY). Stops when `stop` is set, or
         when the caller stops iterating. A log cut back under the follower (its head found below a seq it
-        yielded: rows deleted, an older copy put back) raises IntegrityError at the first seq gone, and the
-        store's files replaced underneath raise StoreFencedError (see `check_followed`).
+        yielded, or below `after` and the head as this call found it: rows deleted, an older copy put back)
+        raises IntegrityError at the first seq gone, and the store's files replaced underneath raise
+        StoreFencedError (see `check_followed`). The head is read here, not at the first iteration: called
+        in the read transaction its caller listed the log's tail in, it holds the follower to that tail.
         """
-        interval = safe_number(poll_interval, "poll_interval", 0, 3600, above=True)
-        if stream is not None:
-            safe_id(stream, "stream")
-        watched = None if stop is None else safe_stop(stop)
-        return following.follow_log(self, safe_int(after, "after"), interval, stream, watched)
+        last, interval, watched = following.checked(after, poll_interval, stream, stop)
+        return following.follow_log(self, last, interval, stream, watched, held=following.held(self, last))
 
     def check_followed(self, reached: int) -> None:
         """Check that the log still holds what a follower has yielded, up to seq `reached`.

@@ -39,7 +39,7 @@ from typing import NoReturn
 
 from lifecycle_es._version import __version__
 
-from .exits import EXIT_OK, EXIT_USAGE, classify
+from .exits import EXIT_OK, EXIT_USAGE, classify, printable
 
 __all__ = ["COMMAND_MODULES", "ArgumentParser", "build_parser", "main"]
 
@@ -50,12 +50,13 @@ COMMAND_MODULES: list[str] = ["audit", "show", "events", "timeline", "maintenanc
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error exits 64 (EX_USAGE) as sysexits says, not argparse's 2."""
+    """argparse, but a usage error exits 64 (EX_USAGE) as sysexits says, not argparse's 2, and is escaped."""
 
     def error(self, message: str) -> NoReturn:
-        """Print the usage and the error on stderr, then exit 64."""
+        """Print the usage and the error on stderr, then exit 64. The error is escaped (`exits.printable`):
+        argparse quotes arguments it did not expect as they are, and a glob can pass file names others chose."""
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {printable(message)}\n")
 
 
 def build_parser() -> ArgumentParser:

@@ -38,7 +38,7 @@ from lifecycle_es.store import EventStore
 
 from .access import int_at_least, open_store
 from .exits import EXIT_OK, EXIT_USAGE, CommandError, json_printable, no_runner, printable
-from .options import ALL, lines, runner_id, when, window_order
+from .options import ALL, lines, runner_id, since, when, window_order
 
 MAX_FIELD_CHARS = 60
 FOLLOW_LINES = 10  # what -f alone prints before following, as journalctl -f
@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("-r", "--runner", type=runner_id, metavar="R",
                         help="only this runner's events (exit 66 when the log has none)")
     parser.add_argument("--after", type=int_at_least(0), metavar="SEQ", help="only events after this seq")
-    parser.add_argument("--since", type=when, metavar="T", help="only events at or after this time: ISO-8601, UTC "
+    parser.add_argument("--since", type=since, metavar="T", help="only events at or after this time: ISO-8601, UTC "
                                                                   "unless it names an offset, e.g. 2026-03-02T10:00")
     parser.add_argument("--until", type=when, metavar="T", help="only events at or before this time, as --since "
                                                                   "(not with -f)")
@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
             # Past the window's last seq no event is in it: stop there, not at the head.
             printed = _print(itertools.takewhile(lambda r: r.seq <= high, events), keep, args)
             start = max(after, low - 1, printed)
+            following = store.follow(after=start, stream=args.runner, stop=stop) if args.follow else None
         else:
             with store.backend.read_tx("read the last events"):  # the head and the stream's version agree
                 _check_runner(store, args.runner, args.file)
@@ -104,10 +105,13 @@ def run(args: argparse.Namespace) -> int:
                 start = max(after, head)
                 tail = last_events(store, count, runner=args.runner, after=max(after, low - 1), keep=keep,
                                    head=min(start, high))
+                # Started in the transaction the tail was read in: a log cut back below that tail before the
+                # follower's first event is then seen, not followed on from a seq it no longer holds.
+                following = store.follow(after=start, stream=args.runner, stop=stop) if args.follow else None
             _print(tail, keep, args)
-        if args.follow:
+        if following is not None:
             sys.stdout.flush()
-            _print(store.follow(after=start, stream=args.runner, stop=stop), keep, args, flush=True)
+            _print(following, keep, args, flush=True)
     return EXIT_OK
 
 

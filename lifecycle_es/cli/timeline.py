@@ -27,7 +27,7 @@ from lifecycle_es.store import PAGE, EventStore
 
 from .access import int_at_least, open_store
 from .exits import EXIT_DATAERR, EXIT_OK, EXIT_USAGE, CommandError, no_runner, one_line
-from .options import runner_id, when, window_order
+from .options import runner_id, since, when, window_order
 
 DEFAULT_LAST = 50  # as projections.timeline.DEFAULT_LAST, without importing projections to build the parser
 
@@ -44,7 +44,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("-o", "--output", required=True, metavar="OUT.svg", help="where to write the SVG ('-': stdout)")
     parser.add_argument("-r", "--runner", action="append", type=runner_id, metavar="R",
                         help="only this runner (repeat for more; default: every runner)")
-    parser.add_argument("--since", type=when, metavar="T", help="window start: ISO-8601 time (UTC unless it names "
+    parser.add_argument("--since", type=since, metavar="T", help="window start: ISO-8601 time (UTC unless it names "
                                                                   "an offset), e.g. 2026-03-02T10:00")
     parser.add_argument("--until", type=when, metavar="T", help="window end, as --since")
     parser.add_argument("-n", "--last", type=int_at_least(1), default=DEFAULT_LAST, metavar="N",

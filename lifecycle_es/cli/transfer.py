@@ -42,7 +42,7 @@ from lifecycle_es.files import text_path
 from lifecycle_es.store import EventStore
 
 from .access import DOWNGRADED, file_error, input_file, open_store, read_key_file, require_file
-from .exits import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_OK, EXIT_USAGE, CommandError
+from .exits import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_OK, EXIT_USAGE, CommandError, printable
 from .render import Progress
 
 FORMAT = "lifecycle-es-export"
@@ -141,9 +141,9 @@ def run_export(args: argparse.Namespace) -> int:
             bar.close()
         for note in signed:
             out.write(encoder.encode(ExportCheckpoint(checkpoint=note.whole())) + b"\n")
-    print(f"exported {head.seq:,} events of {args.file} to {args.out}"
-          + (f" (head seq {head.seq:,}, hash {head.hash.hex()})" if head.seq else "")
-          + (f" and {len(signed):,} signed checkpoint(s)" if signed else ""))
+    print(printable(f"exported {head.seq:,} events of {args.file} to {args.out}"
+                    + (f" (head seq {head.seq:,}, hash {head.hash.hex()})" if head.seq else "")
+                    + (f" and {len(signed):,} signed checkpoint(s)" if signed else "")))
     return EXIT_OK
 
 
@@ -237,9 +237,9 @@ def run_import(args: argparse.Namespace) -> int:
             with contextlib.suppress(OSError):
                 os.unlink(cp_path)
         raise
-    print(f"imported {report.events:,} events into {args.file}, chain verified"
-          + (f" (head seq {report.head.seq:,}, hash {report.head.hash.hex()})" if report.events else "")
-          + (f"; {len(signed):,} signed checkpoint(s) to {cp_path}" if signed else ""))
+    print(printable(f"imported {report.events:,} events into {args.file}, chain verified"
+                    + (f" (head seq {report.head.seq:,}, hash {report.head.hash.hex()})" if report.events else "")
+                    + (f"; {len(signed):,} signed checkpoint(s) to {cp_path}" if signed else "")))
     return EXIT_OK
 
 

@@ -22,6 +22,7 @@ from fleets import (
     attack,
     audit_json,
     copy_store,
+    edit_caches,
     one_error_line,
     row,
     rows_and_meta,
@@ -35,7 +36,8 @@ from lifecycle_es.cli.exits import one_line, printable
 from lifecycle_es.cli.show import fleet_text, runner_text
 from lifecycle_es.events import RUNNER_SCHEMA, LeaseAcquired, LeaseSettled, RunnerInitialized
 from lifecycle_es.receipts import project
-from lifecycle_es.state import Lease, ProxyRef
+from lifecycle_es.replay import load, snapshot_blob
+from lifecycle_es.state import Lease, ProxyRef, encode_state
 from projections import fleet_of
 
 FleetLog = tuple[Path, dict[str, int]]
@@ -70,6 +72,22 @@ def test_show_the_fleet(fleet_log: FleetLog) -> None:
     assert all(column in header for column in ("state", "gen", "policy", "proxy", "drain deadline", "active"))
     assert any(line.startswith("runner-2") and " parked " in line for line in lines)
 
+
+
+def test_a_snapshot_retagged_by_an_unkeyed_files_writer_is_believed_by_show_and_caught_by_the_audit(
+        fleet_log: FleetLog, tmp_path: Path) -> None:
+    # What the README says of an unkeyed store: its tags are hashes whoever writes the file can compute.
+    path = copy_store(fleet_log[0], tmp_path / "forged.db", seal=False)
+    with EventStore.open(path, read_only=True) as store:
+        version, seq, _, event_hash = store.backend.snapshot("runner-2")  # type: ignore[misc]
+        then = load(store, "runner-2", use_snapshot=False, until_seq=seq).state
+        assert then is not None and then.state == "parked"
+        lie = encode_state(msgspec.structs.replace(then, state="accepting"))
+        blob = snapshot_blob(store, "runner-2", version, seq, event_hash, lie)
+    edit_caches(path, ("UPDATE snapshots SET state = ? WHERE stream = ?", (blob, "runner-2")))
+    assert json.loads(run("show", path, "runner-2", "--json").stdout)["runner"]["state"] == "accepting"
+    audited = run("audit", path)
+    assert audited.returncode == 65 and "snapshot of 'runner-2' differs from the replayed state" in audited.stdout
 
 def test_show_one_runner_now_and_at_an_older_seq(fleet_log: FleetLog) -> None:
     path, marks = fleet_log
@@ -304,6 +322,18 @@ def test_export_then_import_restores_the_rows_byte_for_byte(fleet_log: FleetLog,
     assert run("export", path, tmp_path / "no-such-dir" / "x.jsonl").returncode == 73
 
 
+
+def test_export_import_and_rebuild_print_a_file_name_escaped(fleet_log: FleetLog, tmp_path: Path) -> None:
+    # A name found by a glob in a directory others write to can hold what drives a terminal.
+    evil = "x\x1b]0;owned\x07\u202e"
+    path = copy_store(fleet_log[0], tmp_path / f"{evil}.db", seal=False)
+    exported, imported = tmp_path / f"{evil}.jsonl", tmp_path / f"{evil}-copy.db"
+    for argv in (("export", path, exported), ("import", exported, imported), ("rebuild", path)):
+        done = run(*argv)
+        assert done.returncode == 0, done.stderr
+        assert printable(evil) in done.stdout, done.stdout
+        assert not set(done.stdout) & {"\x1b", "\x07", "\u202e"}, done.stdout
+
 def test_import_verifies_the_export_before_writing_anything(fleet_log: FleetLog, tmp_path: Path) -> None:
     out = tmp_path / "fleet.jsonl"
     assert run("export", fleet_log[0], out).returncode == 0
@@ -357,9 +387,21 @@ def test_an_export_line_longer_than_an_event_can_be_is_refused_as_it_streams(fle
         assert not os.path.exists(target)
 
 
-def limit_memory() -> None:
-    """preexec_fn: a 1 GiB address space, so a file read whole is a visible failure, not a slow success."""
-    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+def test_a_snapshot_row_larger_than_any_state_is_ignored_unread(fleet_log: FleetLog, tmp_path: Path) -> None:
+    # A file's writer can make a snapshot's state any size SQLite holds; read whole (twice, tag and state split),
+    # 300 MB does not fit in 512 MiB of address space, and a state is never more than a few MB.
+    path = copy_store(fleet_log[0], tmp_path / "huge.db", seal=False)
+    edit_caches(path, ("UPDATE snapshots SET state = zeroblob(300000000) WHERE stream = ?", ("runner-2",)))
+    done = subprocess.run([str(CLI), "show", str(path), "runner-2", "--json"], capture_output=True, text=True,
+                          timeout=120, check=False, preexec_fn=lambda: limit_memory(512 << 20))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["runner"]["state"] == "parked"
+
+def limit_memory(size: int = 1 << 30) -> None:
+    """preexec_fn: an address space of `size` (1 GiB), so a file read whole is a visible failure, not a slow
+    success."""
+    resource.setrlimit(resource.RLIMIT_AS, (size, size))
 
 
 # --- key files -----------------------------------------------------------------------------------------

@@ -76,6 +76,18 @@ def test_a_runner_id_that_cannot_be_one_is_bad_usage_before_the_file_is_read(tmp
         assert done.returncode == 64 and "'no spaces!' is not an id" in done.stderr, done.stderr
 
 
+
+@pytest.mark.parametrize("argv", [("show", "runner-0", "EVIL"), ("events", "--EVIL"), ("rebuild", "EVIL")],
+                         ids=" ".join)
+def test_a_usage_error_prints_what_it_quotes_escaped(fleet_log: FleetLog, argv: tuple[str, ...]) -> None:
+    # `lifecycle-es show runners.db runner-0 *` in a directory where others name files: argparse quotes the
+    # arguments it did not expect as they are.
+    evil = "f\x1b]0;owned\x07\u202e"
+    done = run(argv[0], fleet_log[0], *(arg.replace("EVIL", evil) for arg in argv[1:]))
+    assert done.returncode == 64
+    assert "f\\x1b]0;owned\\x07\\u202e" in done.stderr, done.stderr
+    assert not set(done.stderr) & {"\x1b", "\x07", "\u202e"}, done.stderr
+
 @pytest.mark.parametrize("argv", [
     ("events", "--after", "99999999999999999999"),
     ("events", "--after", "99999999999999999999", "-n", "5"),
@@ -223,6 +235,19 @@ def test_events_since_and_until_select_by_time(fleet_log: FleetLog, every_event:
     assert run("events", path, "-f", "--until", high).returncode == 64  # a follow has no end in time
     assert run("events", path, "--since", "yesterday").returncode == 64
 
+
+
+def test_a_since_between_two_milliseconds_starts_after_the_earlier_one(fleet_log: FleetLog,
+                                                                       every_event: list[dict[str, Any]]) -> None:
+    # The store writes times to the millisecond; a --since half a millisecond after an event's at is after
+    # that event, and a --until half a millisecond after it is not before it.
+    path = fleet_log[0]
+    at = every_event[5]["at"]
+    later = at[:-1] + "5Z"  # 2026-01-01T00:00:05.000Z -> 2026-01-01T00:00:05.0005Z
+    assert json_lines(run("events", path, "--since", later, "-j")) == [
+        event for event in every_event if event["at"] > at]
+    assert json_lines(run("events", path, "--until", later, "-j")) == [
+        event for event in every_event if event["at"] <= at]
 
 def test_a_time_window_is_found_by_bisection_not_by_reading_the_log(fleet_log: FleetLog,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
@@ -440,6 +465,26 @@ def test_follow_starts_where_n_after_or_since_says(fleet_log: FleetLog, every_ev
         assert [event["seq"] for event in follower.lines(1)] == [seq]
         code, rest, _ = follower.stop()
         assert (code, rest) == (0, b"")
+    finally:
+        follower.close()
+
+
+def test_follow_that_printed_only_the_tail_still_sees_the_log_cut_back_under_it(fleet_log: FleetLog,
+                                                                                tmp_path: Path) -> None:
+    # It printed the last 2 events and has yielded nothing since: the log it printed them from is cut back
+    # by 3 and grows by 2, so the head never again reaches what it printed. Without the check it waits on,
+    # then prints the new history's events past the old head as if nothing had happened.
+    path = copy_store(fleet_log[0], tmp_path / "followed.db", seal=False)
+    head = fleet_log[1]["head"]
+    follower = Follower(path, "-n", "2", "-f", "-j")
+    try:
+        assert [event["seq"] for event in follower.lines(2)] == [head - 1, head]
+        attack(path, ("DELETE FROM events WHERE seq > ?", (head - 3,)))
+        assert [append_lease(path, "runner-0", f"s-{n}") for n in range(2)] == [head - 2, head - 1]
+        assert follower.proc.wait(timeout=60) == 65
+        _, rest, err = follower.stop()
+        assert rest == b"" and b"Traceback" not in err
+        assert f"head went back from seq {head} to".encode() in err, err
     finally:
         follower.close()
 

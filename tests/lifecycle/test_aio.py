@@ -281,3 +281,36 @@ def test_follow_raises_when_the_log_is_cut_back_or_its_file_replaced(
                 assert caught.value.seq == 3 and "went back from seq 4 to 2" in str(caught.value)
 
     asyncio.run(main())
+
+
+def test_a_follower_that_has_yielded_nothing_still_sees_the_log_cut_back_below_its_start(tmp_path: Path) -> None:
+    # Started after the head (seq 4): a log then cut back to seq 2 no longer holds what it followed on from,
+    # and a follower that waited on would yield the new history's events past seq 4 as if nothing happened.
+    async def main() -> None:
+        path = tmp_path / "events.db"
+        async with await AsyncEventStore.open(path) as store:
+            for generation in range(1, 5):
+                await store.append_unchecked("x", [ReclaimCompleted(generation=generation)])
+            polled = threading.Event()
+            page = store._page
+
+            def spy(after: int, stream: str | None, reached: int) -> list[RecordedEvent]:
+                found = page(after, stream, reached)
+                polled.set()
+                return found
+
+            store._page = spy  # type: ignore[method-assign]
+
+            async def follow() -> None:
+                async for _ in store.follow(after=4, poll_interval=0.001):
+                    raise AssertionError("nothing was appended after seq 4")
+
+            async def cut_after_a_poll() -> None:
+                await asyncio.to_thread(polled.wait, GUARD_S)
+                cut_back(path)
+
+            with pytest.raises(IntegrityError, match="went back from seq 4 to 2"):
+                async with asyncio.timeout(GUARD_S):
+                    await asyncio.gather(follow(), cut_after_a_poll())
+
+    asyncio.run(main())

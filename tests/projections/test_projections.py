@@ -33,6 +33,7 @@ from lifecycle_es.replay import TAG_BYTES, load, snapshot_blob, snapshot_of
 from lifecycle_es.state import encode_state
 from lifecycle_es.store import WriteTransaction
 from lifecycle_es.testing import FakeClock
+from lifecycle_es.values import MAX_SAFE_INTEGER
 from projections import (
     attach,
     fleet,
@@ -364,6 +365,9 @@ def test_a_snapshot_naming_the_wrong_event_is_refused(mixed: Fleet) -> None:
         ("another stream's event", (other.version, other.seq, other.hash)),
         ("version off by one", (version + 1, seq, event_hash)),
         ("a seq past the head", (version, store.head().seq + 10, event_hash)),
+        # Beyond any seq a store holds: the read that checks it must not refuse it as a caller's bad argument.
+        ("a seq no log holds", (version, MAX_SAFE_INTEGER + 2, event_hash)),
+        ("the largest seq the column holds", (version, 2**63 - 1, event_hash)),
     ]
     for reason, (bad_version, bad_seq, bad_hash) in tampered:
         # Tagged as the store tags (what an unkeyed file's editor can do): the log is what refuses it.

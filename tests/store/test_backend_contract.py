@@ -23,7 +23,7 @@ from faultvfs import FaultVFS
 from pg import Server
 
 from lifecycle_es import audit
-from lifecycle_es.backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Backend, Row
+from lifecycle_es.backend import MAX_EVENT_BYTES, MAX_SNAPSHOT_BYTES, PAGE_BYTES, PAGE_ROWS, Backend, Row
 from lifecycle_es.backends import open_backend, server_target
 from lifecycle_es.checkpoints import Checkpoint, sign_checkpoint
 from lifecycle_es.errors import (
@@ -415,6 +415,15 @@ class BackendContract:
         with backend.write("snapshots"):
             backend.clear_snapshots()
         assert backend.snapshot("a") is None and backend.snapshot_positions() == []
+
+    def test_a_snapshot_beyond_the_bound_reads_as_empty_bytes(self) -> None:
+        # A state no store writes (a file's or a table's writer made it): its size read, never the value.
+        backend = self.connect()
+        with backend.write("snapshots"):
+            backend.put_snapshot("a", 2, 5, b"s" * MAX_SNAPSHOT_BYTES, b"h5")
+            backend.put_snapshot("b", 3, 6, b"s" * (MAX_SNAPSHOT_BYTES + 1), b"h6")
+        assert backend.snapshot("a") == (2, 5, b"s" * MAX_SNAPSHOT_BYTES, b"h5")
+        assert backend.snapshot("b") == (3, 6, b"", b"h6")
 
     def test_host_leases_are_put_replaced_and_read_per_runner(self) -> None:
         backend = self.connect()
