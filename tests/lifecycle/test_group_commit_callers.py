@@ -1,0 +1,99 @@
+"""Group commit as careless callers use it: a work that raises what is no Exception, a process forked while
+commands are in flight; on a real file and on a real PostgreSQL server.
+
+Each batch is held together as in ``test_group_commit.py``: a writer stopped inside a first command (a gate),
+the next commands queued behind it, then the gate opened.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from holding import Held
+from waiting import wait_for
+
+from lifecycle_es import EventStore, RunnerLifecycle, StoreIOError
+from lifecycle_es.receipts import RunnerSnapshot
+from lifecycle_es.store import WriteTransaction
+from lifecycle_es.testing import RUNNER_DEFAULTS, FakeClock, SequentialIds
+
+
+class Interrupted(BaseException):
+    """What a signal handler raises in the main thread (as KeyboardInterrupt does on Ctrl-C)."""
+
+
+def handle(store: EventStore, tmp_path: Path, runner_id: str) -> RunnerLifecycle:
+    own = tmp_path / "base" / runner_id
+    own.mkdir(parents=True, exist_ok=True)
+    return RunnerLifecycle(store, **{**RUNNER_DEFAULTS, "runner_id": runner_id}, base_dir=str(own),
+                           now=FakeClock(), random_id=SequentialIds())  # type: ignore[arg-type]
+
+
+def caught(call: Callable[[], Any]) -> Callable[[], Any]:
+    """`call`, returning what it raises, what is no Exception included (a thread would end on it)."""
+    def run() -> Any:
+        try:
+            return call()
+        except BaseException as exc:  # the outcome the test asserts on
+            return exc
+    return run
+
+
+def test_what_a_work_raises_in_a_thread_no_signal_reaches_is_its_callers_alone(store_target: str,
+                                                                              tmp_path: Path) -> None:
+    # A work's sys.exit() or asyncio.CancelledError in a worker thread (an AsyncEventStore's pool) is its own:
+    # given to the writer of its batch instead, it would end another caller's thread (or event loop), while its
+    # own caller got a StoreIOError and every other command of the batch was rolled back for nothing.
+    exit_ = SystemExit(3)
+
+    def exits(tx: WriteTransaction) -> None:
+        tx.stream_version("runner-b")
+        raise exit_
+
+    with EventStore.open(store_target, now=FakeClock()) as store:
+        a, c = handle(store, tmp_path, "runner-a"), handle(store, tmp_path, "runner-c")
+        held = Held(store)
+        held.queue("a", caught(a.initialize))  # the next batch's writer
+        held.queue("b", caught(lambda: store.commit("exits", exits)))
+        held.queue("c", caught(c.initialize))
+        outcomes = held.release()
+        assert outcomes["b"] is exit_, outcomes
+        assert isinstance(outcomes["a"], RunnerSnapshot) and isinstance(outcomes["c"], RunnerSnapshot), outcomes
+        assert sorted(store.streams()) == ["runner-a", "runner-c"]
+        assert store.fenced is None
+
+
+def test_an_interrupt_in_a_batch_the_main_thread_writes_is_the_main_threads(store_target: str,
+                                                                             tmp_path: Path) -> None:
+    # In the main thread, where a signal's handler raises, an interrupt in any command's work may be the
+    # signal's: the main thread raises it, and the other callers learn that nothing of the batch committed.
+    with EventStore.open(store_target, now=FakeClock()) as store:
+        a, c = handle(store, tmp_path, "runner-a"), handle(store, tmp_path, "runner-c")
+
+        def interrupted(tx: WriteTransaction) -> None:
+            tx.stream_version("runner-b")
+            raise Interrupted
+
+        held = Held(store)
+
+        def queue_behind_the_main_thread() -> None:
+            assert wait_for(lambda: store.group_commit.queued == 1)
+            held.queue("b", caught(lambda: store.commit("interrupted", interrupted)))
+            held.queue("c", caught(c.initialize))
+            held.gate.set()
+
+        others = threading.Thread(target=queue_behind_the_main_thread)
+        others.start()
+        with pytest.raises(Interrupted):
+            a.initialize()  # queued first: the main thread writes the next batch
+        others.join(20)
+        outcomes = held.release()
+        assert all(type(outcomes[name]) is StoreIOError for name in ("b", "c")), outcomes
+        assert all("nothing of it was committed" in str(outcomes[name]) for name in ("b", "c"))
+        assert store.streams() == [] and store.fenced is None
+        a.initialize()
+        assert store.streams() == ["runner-a"]
