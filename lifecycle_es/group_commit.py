@@ -17,10 +17,12 @@ on. Every caller returns only once the batch's commit is durable. When the commi
 caller whose work had succeeded gets that failure (its own copy of it); a commit whose outcome is
 unknown has fenced the store by then (`WriteTransaction`), exactly as a lone commit does. When the
 database ends the transaction under a savepoint (a full disk, an I/O error), the whole batch fails.
-An interrupt (an exception that is no Exception: KeyboardInterrupt, SystemExit) raised while the writer
-serves a batch is its thread's, where a signal lands: the batch is rolled back, the writer raises it,
-and every other caller gets a StoreIOError saying nothing was committed; during the commit itself, the
-outcome is unknown and the store is fenced.
+An interrupt (an exception that is no Exception: KeyboardInterrupt, SystemExit) raised while the main
+thread serves a batch is that thread's, where a signal lands: the batch is rolled back, the writer raises
+it, and every other caller gets a StoreIOError saying nothing was committed; during the commit itself, the
+outcome is unknown and the store is fenced. In any other thread no signal lands, so what a work raises
+there, an exception that is no Exception included (sys.exit(), asyncio.CancelledError), is its own caller's,
+rolled back alone as a refusal is.
 
 A caller whose wait is interrupted (a signal's exception, KeyboardInterrupt, in the main thread) leaves
 the queue, and its work never runs; when a writer had already taken it into a batch, its work may still
@@ -266,7 +268,9 @@ class GroupCommit:
             try:
                 with savepoint:
                     caller.value = worked(caller.work, tx)
-            except Exception as exc:
+            except BaseException as exc:
+                if not isinstance(exc, Exception) and threading.current_thread() is threading.main_thread():
+                    raise  # may be a signal's, which lands in the main thread only: the writer's (`_interrupted`)
                 caller.error = exc
                 self._store._rollbacks += 1  # its writes are undone: what a projector kept of them is stale
                 if savepoint.lost:
