@@ -1,0 +1,72 @@
+"""`lifecycle_es.aio` as careless callers use it: a process forked while the store's threads are busy, tasks
+cancelled while their commands wait, stores closed under them; on a real file and on a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from pathlib import Path
+
+from lifecycle_es import StoreFencedError
+from lifecycle_es.aio import AsyncEventStore
+from lifecycle_es.store import WriteTransaction
+
+# How long a wait may take before the test calls it hung: a guard, not a timing assertion.
+GUARD_S = 20
+
+
+def wait_child(pid: int) -> int:
+    """The exit code of child `pid`, which is killed (and the test failed) when it has not exited in 30 s."""
+    for _ in range(300):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        threading.Event().wait(0.1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child hung")
+
+
+def test_a_child_forked_while_every_thread_of_the_store_is_busy_gets_the_fence_not_a_hang(store_target: str,
+                                                                                         tmp_path: Path) -> None:
+    # The pool's threads are the parent's: none runs in the child, yet the pool counts them, so a call queued
+    # there would wait for ever instead of reaching the store's fence.
+    entered, gate = threading.Event(), threading.Event()
+
+    def held(tx: WriteTransaction) -> None:
+        entered.set()
+        assert gate.wait(GUARD_S)
+
+    async def parent() -> int:
+        store = await AsyncEventStore.open(store_target, threads=1)
+        try:
+            holding = asyncio.ensure_future(store.commit("held", held))
+            assert await asyncio.to_thread(entered.wait, GUARD_S)
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    code = asyncio.new_event_loop().run_until_complete(child(store))
+                finally:
+                    os._exit(code)
+            gate.set()
+            await holding
+            await store.head()  # the parent's store goes on
+            return await asyncio.to_thread(wait_child, pid)
+        finally:
+            gate.set()
+            await store.close()
+
+    async def child(store: AsyncEventStore) -> int:
+        try:
+            async with asyncio.timeout(GUARD_S):
+                await store.head()
+        except StoreFencedError as exc:
+            return 0 if "forked" in str(exc) else 2
+        except TimeoutError:
+            return 3
+        return 4
+
+    assert asyncio.run(parent()) == 0
