@@ -16,7 +16,8 @@ would cap how many commands can wait for one commit), and the commands of concur
 the store's group commit, so 64 tasks' commands share a few transactions, not 64 fsyncs in a row.
 Arguments are checked as the synchronous API checks them, with the same errors, raised from the
 await. A cancelled await does not stop a command already running in a thread: it may still commit,
-as a command whose reply was lost would; one still waiting for a free thread never runs.
+as a command whose reply was lost would; one still waiting for a free thread never runs. In a process
+forked from the one that opened it, the store gets threads of its own, and every call raises its fence.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import os
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -60,8 +63,9 @@ class AsyncEventStore:
             raise InvalidInputError("store", f"store must be an EventStore, got {type(store).__name__}")
         self.store = store
         self._closed = False
-        self._pool = ThreadPoolExecutor(max_workers=safe_int(threads, "threads", 1, 1024),
-                                        thread_name_prefix="lifecycle-es")
+        self._threads = safe_int(threads, "threads", 1, 1024)
+        self._pool = self._new_pool()
+        _OPEN.add(self)
 
     @classmethod
     async def open(cls, path: Any, *, threads: int = DEFAULT_THREADS, **options: Any) -> AsyncEventStore:
@@ -76,6 +80,9 @@ class AsyncEventStore:
 
     def __repr__(self) -> str:
         return f"Async{self.store!r}"
+
+    def _new_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="lifecycle-es")
 
     async def __aenter__(self) -> AsyncEventStore:
         return self
@@ -194,6 +201,19 @@ class AsyncEventStore:
         """The next page, once the log is found to hold what was yielded (`EventStore.check_followed`)."""
         self.store.check_followed(reached)
         return list(self.store.read(after=after, stream=stream, limit=PAGE_ROWS))
+
+
+_OPEN: weakref.WeakSet[AsyncEventStore] = weakref.WeakSet()
+
+
+def _in_child() -> None:
+    # A forked child has none of the parent's threads, but a pool still counts them as its own: with all of
+    # them busy at the fork, a call queued there would wait for ever instead of reaching the store's fence.
+    for store in list(_OPEN):
+        store._pool = store._new_pool()
+
+
+os.register_at_fork(after_in_child=_in_child)
 
 
 class AsyncRunnerLifecycle:
