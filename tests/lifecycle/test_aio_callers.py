@@ -9,7 +9,9 @@ import signal
 import threading
 from pathlib import Path
 
-from lifecycle_es import StoreFencedError
+import pytest
+
+from lifecycle_es import StoreError, StoreFencedError
 from lifecycle_es.aio import AsyncEventStore
 from lifecycle_es.store import WriteTransaction
 
@@ -70,3 +72,31 @@ def test_a_child_forked_while_every_thread_of_the_store_is_busy_gets_the_fence_n
         return 4
 
     assert asyncio.run(parent()) == 0
+
+
+def test_a_close_whose_task_is_cancelled_still_closes_the_store_once_its_calls_end(store_target: str) -> None:
+    # A task cancelled as it leaves ``async with`` (a task group's cancel, a timeout around the close) must not
+    # leave the connection open for ever behind a store that already refuses every call.
+    entered, gate = threading.Event(), threading.Event()
+
+    def held(tx: WriteTransaction) -> str:
+        entered.set()
+        assert gate.wait(GUARD_S)
+        return "committed"
+
+    async def main() -> AsyncEventStore:
+        store = await AsyncEventStore.open(store_target)
+        holding = asyncio.ensure_future(store.commit("held", held))
+        assert await asyncio.to_thread(entered.wait, GUARD_S)
+        closing = asyncio.ensure_future(store.close())
+        await asyncio.sleep(0)  # the close begins: it waits for the held call
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        gate.set()
+        assert await holding == "committed"
+        return store
+
+    store = asyncio.run(main())  # which waits for the default executor's threads to end
+    with pytest.raises(StoreError):
+        store.store.head()
