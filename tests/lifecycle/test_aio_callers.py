@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle_es import StoreError, StoreFencedError
+from lifecycle_es import EventStore, StoreError, StoreFencedError
 from lifecycle_es.aio import AsyncEventStore
+from lifecycle_es.events import ReclaimCompleted
 from lifecycle_es.store import WriteTransaction
 
 # How long a wait may take before the test calls it hung: a guard, not a timing assertion.
@@ -100,3 +101,16 @@ def test_a_close_whose_task_is_cancelled_still_closes_the_store_once_its_calls_e
     store = asyncio.run(main())  # which waits for the default executor's threads to end
     with pytest.raises(StoreError):
         store.store.head()
+
+
+def test_a_closed_store_refuses_later_calls_and_never_opens_a_connection_again(store_target: str) -> None:
+    # A server's handle reconnects when the server closed its connection; one its owner closed must stay
+    # closed ("later calls fail"), or a store closed by `AsyncEventStore.close` would open a session again.
+    store = EventStore.open(store_target)
+    head = store.head()
+    store.close()
+    for call in (store.head, lambda: store.append_unchecked("other", [ReclaimCompleted(generation=2)])):
+        with pytest.raises(StoreError, match="closed"):
+            call()
+    with EventStore.open(store_target) as reopened:
+        assert reopened.head() == head
