@@ -103,11 +103,17 @@ class AsyncEventStore:
         return await loop.run_in_executor(self._pool, lambda: call(*args, **kwargs))
 
     async def close(self) -> None:
-        """Wait for the calls in flight, then close the store (in a thread); later calls raise StoreError."""
+        """Wait for the calls in flight, then close the store (in a thread); later calls raise StoreError.
+
+        A cancelled close still closes the store, in its thread, once the calls in flight have ended."""
         self._closed = True
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._pool.shutdown)
-        await loop.run_in_executor(None, self.store.close)
+        # Shielded: cancelling the executor's future before a thread took it up would drop the close.
+        await asyncio.shield(asyncio.get_running_loop().run_in_executor(None, self._close))
+
+    def _close(self) -> None:
+        # One call: were the store's close a second await, a task cancelled in the first would never close it.
+        self._pool.shutdown()
+        self.store.close()
 
     # --- writing ---------------------------------------------------------------------------------------
 
