@@ -20,6 +20,7 @@ from lifecycle_es import EventStore, RunnerLifecycle, StoreIOError
 from lifecycle_es.receipts import RunnerSnapshot
 from lifecycle_es.store import WriteTransaction
 from lifecycle_es.testing import RUNNER_DEFAULTS, FakeClock, SequentialIds
+from lifecycle_es.values import MAX_ACTION_CHARS
 
 
 class Interrupted(BaseException):
@@ -97,3 +98,16 @@ def test_an_interrupt_in_a_batch_the_main_thread_writes_is_the_main_threads(stor
         assert store.streams() == [] and store.fenced is None
         a.initialize()
         assert store.streams() == ["runner-a"]
+
+
+def test_commands_named_with_the_longest_action_allowed_commit_in_one_batch(store_target: str) -> None:
+    # A name the store takes for a lone command is no reason to fail a batch of them (the batch is named after
+    # its first command, with its size).
+    action = "a" * MAX_ACTION_CHARS
+    with EventStore.open(store_target, now=FakeClock()) as store:
+        held = Held(store)
+        for name in ("a", "c"):
+            held.queue(name, lambda name=name: store.commit(action, lambda tx: (name, tx.stream_version(name))))
+        outcomes = held.release()
+        assert outcomes == {"gate": None, "a": ("a", 0), "c": ("c", 0)}
+        assert store.group_commit.batches == 2  # the gate's, and the two commands' together
