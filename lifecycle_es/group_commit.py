@@ -43,7 +43,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import InvalidInputError, StoreIOError
-from .values import safe_action, safe_callable, safe_id, safe_int, safe_number
+from .values import MAX_ACTION_CHARS, safe_action, safe_callable, safe_id, safe_int, safe_number
 
 if TYPE_CHECKING:
     from .store import EventStore, WriteTransaction
@@ -108,6 +108,13 @@ def _copy(error: BaseException) -> BaseException:
     except Exception:  # an exception that cannot be made so: raise the one there is
         return error
     return clone
+
+
+def _batch_name(first: str, size: int) -> str:
+    """The name of a batch's transaction: its first command's, cut to leave room for its size within the bound
+    on a name (a name the store takes for one command must not fail a batch of them)."""
+    suffix = f" (a batch of {size})"
+    return first[:MAX_ACTION_CHARS - len(suffix)] + suffix
 
 
 class GroupCommit:
@@ -219,7 +226,7 @@ class GroupCommit:
         failure: BaseException | None = None
         committing = False
         self._writer = threading.get_ident()
-        action = batch[0].action if len(batch) == 1 else f"{batch[0].action} (a batch of {len(batch)})"
+        action = batch[0].action if len(batch) == 1 else _batch_name(batch[0].action, len(batch))
         try:
             streams = [caller.stream for caller in batch if caller.stream is not None]
             with store.transaction(action, streams=streams) as tx:
