@@ -114,3 +114,25 @@ def test_a_closed_store_refuses_later_calls_and_never_opens_a_connection_again(s
             call()
     with EventStore.open(store_target) as reopened:
         assert reopened.head() == head
+
+
+def test_a_call_that_raises_stop_iteration_fails_its_await_instead_of_hanging_it(store_target: str) -> None:
+    # asyncio refuses StopIteration into a future (it would end a generator's frame): raised as is from the
+    # thread, the await would never end. A work's stray next() on an empty iterator is a careless caller's bug.
+    def stray_next(tx: WriteTransaction) -> None:
+        tx.append_unchecked("other", [ReclaimCompleted(generation=2)])
+        next(iter([]))
+
+    async def main() -> None:
+        async with await AsyncEventStore.open(store_target) as store:
+            head = await store.head()
+            async with asyncio.timeout(GUARD_S):  # a guard: the bug is an await that never ends
+                with pytest.raises(RuntimeError, match="StopIteration") as raised:
+                    await store.commit("stray", stray_next)
+                assert type(raised.value.__cause__) is StopIteration
+                with pytest.raises(RuntimeError, match="StopIteration"):
+                    await store.run(next, iter([]))
+            assert await store.head() == head  # its write rolled back
+            assert await store.append_unchecked("other", [ReclaimCompleted(generation=2)])
+
+    asyncio.run(main())
