@@ -100,7 +100,7 @@ class AsyncEventStore:
             # The pool is shut down: its RuntimeError would be no LifecycleError, and say nothing of the store.
             raise StoreError(f"the store {self.store.path!r} was closed: open it again to use it")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, lambda: call(*args, **kwargs))
+        return await loop.run_in_executor(self._pool, _called, call, args, kwargs)
 
     async def close(self) -> None:
         """Wait for the calls in flight, then close the store (in a thread); later calls raise StoreError.
@@ -207,6 +207,17 @@ class AsyncEventStore:
         """The next page, once the log is found to hold what was yielded (`EventStore.check_followed`)."""
         self.store.check_followed(reached)
         return list(self.store.read(after=after, stream=stream, limit=PAGE_ROWS))
+
+
+def _called(call: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+    """`call(*args, **kwargs)`, its StopIteration raised as a RuntimeError: asyncio refuses StopIteration into a
+    future, which would then never end, and its await with it (as a generator turns one into RuntimeError)."""
+    try:
+        return call(*args, **kwargs)
+    except StopIteration as exc:
+        raise RuntimeError(f"{getattr(call, '__qualname__', type(call).__name__)} raised StopIteration, which "
+                           "cannot end an await: catch it where it is raised (a next() on an empty "
+                           "iterator, say)") from exc
 
 
 _OPEN: weakref.WeakSet[AsyncEventStore] = weakref.WeakSet()
