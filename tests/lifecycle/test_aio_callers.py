@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from lifecycle_es import EventStore, StoreError, StoreFencedError
 from lifecycle_es.aio import AsyncEventStore
@@ -136,3 +137,40 @@ def test_a_call_that_raises_stop_iteration_fails_its_await_instead_of_hanging_it
             assert await store.append_unchecked("other", [ReclaimCompleted(generation=2)])
 
     asyncio.run(main())
+
+
+def test_a_store_opened_for_a_task_cancelled_meanwhile_is_closed_not_left_open(store_target: str,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # A timeout around the open (a slow server, a retry loop) must not leave a connection open per attempt.
+    entered, gate = threading.Event(), threading.Event()
+    opened: list[EventStore] = []
+    real_open = EventStore.open
+
+    def slow_open(path: str, **options: object) -> EventStore:
+        entered.set()
+        assert gate.wait(GUARD_S)
+        opened.append(real_open(path, **options))  # type: ignore[arg-type]
+        return opened[-1]
+
+    monkeypatch.setattr(EventStore, "open", slow_open)
+
+    async def main() -> None:
+        opening = asyncio.ensure_future(AsyncEventStore.open(store_target))
+        assert await asyncio.to_thread(entered.wait, GUARD_S)
+        opening.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+        gate.set()
+
+    asyncio.run(main())
+
+    def closed() -> bool:
+        if not opened:
+            return False
+        try:
+            opened[0].head()
+        except StoreError:
+            return True
+        return False
+
+    assert wait_for(closed, GUARD_S)
