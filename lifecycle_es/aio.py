@@ -72,8 +72,13 @@ class AsyncEventStore:
         """`EventStore.open(path, **options)` in a thread (opening reads and may create the file)."""
         safe_int(threads, "threads", 1, 1024)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lifecycle-es-open")
+        opening = _Opening(path, options)
         try:
-            store = await asyncio.get_running_loop().run_in_executor(pool, lambda: EventStore.open(path, **options))
+            store = await asyncio.get_running_loop().run_in_executor(pool, opening.open)
+        except asyncio.CancelledError:
+            # The open may go on in its thread; what it opens reaches no one, so it is closed there, after it.
+            pool.submit(opening.abandon)
+            raise
         finally:
             pool.shutdown(wait=False)
         return cls(store, threads=threads)
@@ -207,6 +212,24 @@ class AsyncEventStore:
         """The next page, once the log is found to hold what was yielded (`EventStore.check_followed`)."""
         self.store.check_followed(reached)
         return list(self.store.read(after=after, stream=stream, limit=PAGE_ROWS))
+
+
+class _Opening:
+    """`EventStore.open(path, **options)` in a thread of its own, and the store it opened closed there after it,
+    when the task that awaited it was cancelled meanwhile (`abandon`)."""
+
+    def __init__(self, path: Any, options: dict[str, Any]) -> None:
+        self.path = path
+        self.options = options
+        self.store: EventStore | None = None
+
+    def open(self) -> EventStore:
+        self.store = EventStore.open(self.path, **self.options)
+        return self.store
+
+    def abandon(self) -> None:
+        if self.store is not None:
+            self.store.close()
 
 
 def _called(call: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
