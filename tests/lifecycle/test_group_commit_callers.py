@@ -16,7 +16,8 @@ import pytest
 from holding import Held
 from waiting import wait_for
 
-from lifecycle_es import EventStore, RunnerLifecycle, StoreIOError
+from lifecycle_es import EventStore, RunnerLifecycle, StoreError, StoreIOError
+from lifecycle_es.events import ReclaimCompleted
 from lifecycle_es.receipts import RunnerSnapshot
 from lifecycle_es.store import WriteTransaction
 from lifecycle_es.testing import RUNNER_DEFAULTS, FakeClock, SequentialIds
@@ -111,3 +112,19 @@ def test_commands_named_with_the_longest_action_allowed_commit_in_one_batch(stor
         outcomes = held.release()
         assert outcomes == {"gate": None, "a": ("a", 0), "c": ("c", 0)}
         assert store.group_commit.batches == 2  # the gate's, and the two commands' together
+
+
+def test_a_work_that_closes_the_store_fails_its_batch_with_store_errors_and_lands_nothing(store_target: str) -> None:
+    # A careless work closes the store it writes through: every command of its batch fails with a StoreError
+    # (no driver's own exception type), and nothing of the batch is in the log.
+    with EventStore.open(store_target, now=FakeClock()) as store:
+        head = store.head()
+        held = Held(store)
+        event = ReclaimCompleted(generation=2)
+        held.queue("a", lambda: store.commit("a", lambda tx: tx.append_unchecked("a", [event])))
+        held.queue("b", lambda: store.commit("b", lambda tx: store.close()))
+        held.queue("c", lambda: store.commit("c", lambda tx: tx.append_unchecked("c", [event])))
+        outcomes = held.release()
+        assert all(isinstance(outcomes[name], StoreError) for name in "abc"), outcomes
+    with EventStore.open(store_target) as reopened:
+        assert reopened.head() == head
