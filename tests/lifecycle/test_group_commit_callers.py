@@ -7,6 +7,8 @@ the next commands queued behind it, then the gate opened.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +18,7 @@ import pytest
 from holding import Held
 from waiting import wait_for
 
-from lifecycle_es import EventStore, RunnerLifecycle, StoreError, StoreIOError
+from lifecycle_es import EventStore, RunnerLifecycle, StoreBusyError, StoreError, StoreIOError
 from lifecycle_es.events import ReclaimCompleted
 from lifecycle_es.receipts import RunnerSnapshot
 from lifecycle_es.store import WriteTransaction
@@ -33,6 +35,18 @@ def handle(store: EventStore, tmp_path: Path, runner_id: str) -> RunnerLifecycle
     own.mkdir(parents=True, exist_ok=True)
     return RunnerLifecycle(store, **{**RUNNER_DEFAULTS, "runner_id": runner_id}, base_dir=str(own),
                            now=FakeClock(), random_id=SequentialIds())  # type: ignore[arg-type]
+
+
+def wait_child(pid: int) -> int:
+    """The exit code of child `pid`, which is killed (and the test failed) when it has not exited in 30 s."""
+    for _ in range(300):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        threading.Event().wait(0.1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child hung")
 
 
 def caught(call: Callable[[], Any]) -> Callable[[], Any]:
@@ -128,3 +142,35 @@ def test_a_work_that_closes_the_store_fails_its_batch_with_store_errors_and_land
         assert all(isinstance(outcomes[name], StoreError) for name in "abc"), outcomes
     with EventStore.open(store_target) as reopened:
         assert reopened.head() == head
+
+
+def test_a_child_forked_inside_a_work_never_ends_the_parents_transaction(store_target: str) -> None:
+    # A work forks and its child leaves the work by an exception (sys.exit(), say): unwinding through the
+    # transaction, the child must not roll back (nor commit) on the connection it shares with the parent. On a
+    # server, its ROLLBACK ends the parent's transaction, whose COMMIT then "succeeds" with nothing in it.
+    parent = os.getpid()
+    event = ReclaimCompleted(generation=2)
+
+    def forks(tx: WriteTransaction) -> str:
+        tx.append_unchecked("forking", [event])
+        pid = os.fork()
+        if pid == 0:
+            raise Interrupted  # the child leaves the work
+        assert wait_child(pid) == 0
+        # The parent's transaction still holds the write lock: another writer waits, and gives up.
+        with EventStore.open(store_target, busy_timeout_ms=100) as other, pytest.raises(StoreBusyError):
+            other.append_unchecked("other", [event])
+        return "parent"
+
+    with EventStore.open(store_target, now=FakeClock()) as store:
+        head = store.head()
+        try:
+            assert store.commit("forks", forks) == "parent"
+        except BaseException:
+            if os.getpid() != parent:
+                os._exit(0)  # the child, once it unwound through the transaction
+            raise
+        assert store.head().seq == head.seq + 1
+    with EventStore.open(store_target) as reopened:  # what the parent's commit acknowledged is there
+        assert [(recorded.stream, recorded.type) for recorded in reopened.read()] == [("forking", "ReclaimCompleted")]
+        reopened.verify()
