@@ -144,10 +144,11 @@ def test_a_work_that_closes_the_store_fails_its_batch_with_store_errors_and_land
         assert reopened.head() == head
 
 
-def test_a_child_forked_inside_a_work_never_ends_the_parents_transaction(store_target: str) -> None:
+@pytest.mark.parametrize("batch", [False, True], ids=["alone", "in-a-batch"])
+def test_a_child_forked_inside_a_work_never_ends_the_parents_transaction(store_target: str, batch: bool) -> None:
     # A work forks and its child leaves the work by an exception (sys.exit(), say): unwinding through the
-    # transaction, the child must not roll back (nor commit) on the connection it shares with the parent. On a
-    # server, its ROLLBACK ends the parent's transaction, whose COMMIT then "succeeds" with nothing in it.
+    # transaction (and its savepoint, in a batch), the child must not roll back (nor commit) on the connection it
+    # shares with the parent. On a server, its ROLLBACK ends the parent's transaction, whose lock is then gone.
     parent = os.getpid()
     event = ReclaimCompleted(generation=2)
 
@@ -162,15 +163,26 @@ def test_a_child_forked_inside_a_work_never_ends_the_parents_transaction(store_t
             other.append_unchecked("other", [event])
         return "parent"
 
-    with EventStore.open(store_target, now=FakeClock()) as store:
-        head = store.head()
+    def commits() -> str:
         try:
-            assert store.commit("forks", forks) == "parent"
+            return store.commit("forks", forks)
         except BaseException:
             if os.getpid() != parent:
                 os._exit(0)  # the child, once it unwound through the transaction
             raise
-        assert store.head().seq == head.seq + 1
+
+    with EventStore.open(store_target, now=FakeClock()) as store:
+        head = store.head()
+        if batch:
+            held = Held(store)
+            held.queue("forks", commits)  # the batch's writer: the child is forked from its thread
+            held.queue("next", lambda: store.commit("next", lambda tx: tx.append_unchecked("next", [event])))
+            outcomes = held.release()
+            assert outcomes == {"gate": None, "forks": "parent", "next": [store.event_at(head.seq + 2)]}, outcomes
+        else:
+            assert commits() == "parent"
+        assert store.head().seq == head.seq + 1 + batch
     with EventStore.open(store_target) as reopened:  # what the parent's commit acknowledged is there
-        assert [(recorded.stream, recorded.type) for recorded in reopened.read()] == [("forking", "ReclaimCompleted")]
+        assert [(recorded.stream, recorded.type) for recorded in reopened.read()] == [
+            ("forking", "ReclaimCompleted"), *[("next", "ReclaimCompleted")] * batch]
         reopened.verify()
