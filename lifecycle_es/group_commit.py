@@ -42,7 +42,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import InvalidInputError, StoreIOError
+from . import forked
+from .errors import InvalidInputError, StoreFencedError, StoreIOError
 from .values import MAX_ACTION_CHARS, safe_action, safe_callable, safe_id, safe_int, safe_number
 
 if TYPE_CHECKING:
@@ -270,12 +271,24 @@ class GroupCommit:
 
     def _each(self, tx: WriteTransaction, batch: list[_Caller]) -> None:
         backend = self._store.backend
+        forks = forked.generation
         for caller in batch:
             savepoint = backend.savepoint(caller.action)
             try:
-                with savepoint:
+                savepoint.__enter__()
+                try:
                     caller.value = worked(caller.work, tx)
+                except BaseException as exc:
+                    if forked.generation != forks:
+                        raise  # forked inside the work: this is the child, whose connection is the parent's
+                    savepoint.__exit__(type(exc), exc, exc.__traceback__)
+                    raise
+                if forked.generation != forks:
+                    raise StoreFencedError(self._store.fenced or "this process was forked inside the batch")
+                savepoint.__exit__(None, None, None)
             except BaseException as exc:
+                if forked.generation != forks:
+                    raise  # the batch ends here in the child, its transaction left alone (`WriteTransaction`)
                 if not isinstance(exc, Exception) and threading.current_thread() is threading.main_thread():
                     raise  # may be a signal's, which lands in the main thread only: the writer's (`_interrupted`)
                 caller.error = exc
