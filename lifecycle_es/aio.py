@@ -16,7 +16,8 @@ would cap how many commands can wait for one commit), and the commands of concur
 the store's group commit, so 64 tasks' commands share a few transactions, not 64 fsyncs in a row.
 Arguments are checked as the synchronous API checks them, with the same errors, raised from the
 await. A cancelled await does not stop a command already running in a thread: it may still commit,
-as a command whose reply was lost would; one still waiting for a free thread never runs.
+as a command whose reply was lost would; one still waiting for a free thread never runs. In a process
+forked from the one that opened it, the store gets threads of its own, and every call raises its fence.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import os
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -61,22 +64,31 @@ class AsyncEventStore:
             raise InvalidInputError("store", f"store must be an EventStore, got {type(store).__name__}")
         self.store = store
         self._closed = False
-        self._pool = ThreadPoolExecutor(max_workers=safe_int(threads, "threads", 1, 1024),
-                                        thread_name_prefix="lifecycle-es")
+        self._threads = safe_int(threads, "threads", 1, 1024)
+        self._pool = self._new_pool()
+        _OPEN.add(self)
 
     @classmethod
     async def open(cls, path: Any, *, threads: int = DEFAULT_THREADS, **options: Any) -> AsyncEventStore:
         """`EventStore.open(path, **options)` in a thread (opening reads and may create the file)."""
         safe_int(threads, "threads", 1, 1024)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lifecycle-es-open")
+        opening = _Opening(path, options)
         try:
-            store = await asyncio.get_running_loop().run_in_executor(pool, lambda: EventStore.open(path, **options))
+            store = await asyncio.get_running_loop().run_in_executor(pool, opening.open)
+        except asyncio.CancelledError:
+            # The open may go on in its thread; what it opens reaches no one, so it is closed there, after it.
+            pool.submit(opening.abandon)
+            raise
         finally:
             pool.shutdown(wait=False)
         return cls(store, threads=threads)
 
     def __repr__(self) -> str:
         return f"Async{self.store!r}"
+
+    def _new_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="lifecycle-es")
 
     async def __aenter__(self) -> AsyncEventStore:
         return self
@@ -94,14 +106,20 @@ class AsyncEventStore:
             # The pool is shut down: its RuntimeError would be no LifecycleError, and say nothing of the store.
             raise StoreError(f"the store {self.store.path!r} was closed: open it again to use it")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, lambda: call(*args, **kwargs))
+        return await loop.run_in_executor(self._pool, _called, call, args, kwargs)
 
     async def close(self) -> None:
-        """Wait for the calls in flight, then close the store (in a thread); later calls raise StoreError."""
+        """Wait for the calls in flight, then close the store (in a thread); later calls raise StoreError.
+
+        A cancelled close still closes the store, in its thread, once the calls in flight have ended."""
         self._closed = True
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._pool.shutdown)
-        await loop.run_in_executor(None, self.store.close)
+        # Shielded: cancelling the executor's future before a thread took it up would drop the close.
+        await asyncio.shield(asyncio.get_running_loop().run_in_executor(None, self._close))
+
+    def _close(self) -> None:
+        # One call: were the store's close a second await, a task cancelled in the first would never close it.
+        self._pool.shutdown()
+        self.store.close()
 
     # --- writing ---------------------------------------------------------------------------------------
 
@@ -197,6 +215,48 @@ class AsyncEventStore:
         """The next page, once the log is found to hold what was yielded (`EventStore.check_followed`)."""
         self.store.check_followed(reached)
         return list(self.store.read(after=after, stream=stream, limit=PAGE_ROWS))
+
+
+class _Opening:
+    """`EventStore.open(path, **options)` in a thread of its own, and the store it opened closed there after it,
+    when the task that awaited it was cancelled meanwhile (`abandon`)."""
+
+    def __init__(self, path: Any, options: dict[str, Any]) -> None:
+        self.path = path
+        self.options = options
+        self.store: EventStore | None = None
+
+    def open(self) -> EventStore:
+        self.store = EventStore.open(self.path, **self.options)
+        return self.store
+
+    def abandon(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+def _called(call: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+    """`call(*args, **kwargs)`, its StopIteration raised as a RuntimeError: asyncio refuses StopIteration into a
+    future, which would then never end, and its await with it (as a generator turns one into RuntimeError)."""
+    try:
+        return call(*args, **kwargs)
+    except StopIteration as exc:
+        raise RuntimeError(f"{getattr(call, '__qualname__', type(call).__name__)} raised StopIteration, which "
+                           "cannot end an await: catch it where it is raised (a next() on an empty "
+                           "iterator, say)") from exc
+
+
+_OPEN: weakref.WeakSet[AsyncEventStore] = weakref.WeakSet()
+
+
+def _in_child() -> None:
+    # A forked child has none of the parent's threads, but a pool still counts them as its own: with all of
+    # them busy at the fork, a call queued there would wait for ever instead of reaching the store's fence.
+    for store in list(_OPEN):
+        store._pool = store._new_pool()
+
+
+os.register_at_fork(after_in_child=_in_child)
 
 
 class AsyncRunnerLifecycle:

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 _OPEN: weakref.WeakSet[EventStore] = weakref.WeakSet()
 _KEPT: list[Backend] = []
+generation = 0
+"""How many forks this process is from the one that imported this module: a transaction begun at another
+generation was begun by the parent, and the thread that forked is unwinding through it in the child, where
+ending it would roll back or commit on the parent's connection (on a server, ending the parent's transaction)."""
 
 
 class _Inherited:
@@ -47,6 +51,8 @@ def inherited(backend: Backend, fence: str) -> Backend:
 
 
 def _in_child() -> None:
+    global generation
+    generation += 1
     for store in list(_OPEN):
         store._inherited()
 

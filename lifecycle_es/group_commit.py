@@ -17,10 +17,12 @@ on. Every caller returns only once the batch's commit is durable. When the commi
 caller whose work had succeeded gets that failure (its own copy of it); a commit whose outcome is
 unknown has fenced the store by then (`WriteTransaction`), exactly as a lone commit does. When the
 database ends the transaction under a savepoint (a full disk, an I/O error), the whole batch fails.
-An interrupt (an exception that is no Exception: KeyboardInterrupt, SystemExit) raised while the writer
-serves a batch is its thread's, where a signal lands: the batch is rolled back, the writer raises it,
-and every other caller gets a StoreIOError saying nothing was committed; during the commit itself, the
-outcome is unknown and the store is fenced.
+An interrupt (an exception that is no Exception: KeyboardInterrupt, SystemExit) raised while the main
+thread serves a batch is that thread's, where a signal lands: the batch is rolled back, the writer raises
+it, and every other caller gets a StoreIOError saying nothing was committed; during the commit itself, the
+outcome is unknown and the store is fenced. In any other thread no signal lands, so what a work raises
+there, an exception that is no Exception included (sys.exit(), asyncio.CancelledError), is its own caller's,
+rolled back alone as a refusal is.
 
 A caller whose wait is interrupted (a signal's exception, KeyboardInterrupt, in the main thread) leaves
 the queue, and its work never runs; when a writer had already taken it into a batch, its work may still
@@ -40,8 +42,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import InvalidInputError, StoreIOError
-from .values import safe_action, safe_callable, safe_id, safe_int, safe_number
+from . import forked
+from .errors import InvalidInputError, StoreFencedError, StoreIOError
+from .values import MAX_ACTION_CHARS, safe_action, safe_callable, safe_id, safe_int, safe_number
 
 if TYPE_CHECKING:
     from .store import EventStore, WriteTransaction
@@ -106,6 +109,13 @@ def _copy(error: BaseException) -> BaseException:
     except Exception:  # an exception that cannot be made so: raise the one there is
         return error
     return clone
+
+
+def _batch_name(first: str, size: int) -> str:
+    """The name of a batch's transaction: its first command's, cut to leave room for its size within the bound
+    on a name (a name the store takes for one command must not fail a batch of them)."""
+    suffix = f" (a batch of {size})"
+    return first[:MAX_ACTION_CHARS - len(suffix)] + suffix
 
 
 class GroupCommit:
@@ -217,7 +227,7 @@ class GroupCommit:
         failure: BaseException | None = None
         committing = False
         self._writer = threading.get_ident()
-        action = batch[0].action if len(batch) == 1 else f"{batch[0].action} (a batch of {len(batch)})"
+        action = batch[0].action if len(batch) == 1 else _batch_name(batch[0].action, len(batch))
         try:
             streams = [caller.stream for caller in batch if caller.stream is not None]
             with store.transaction(action, streams=streams) as tx:
@@ -261,12 +271,26 @@ class GroupCommit:
 
     def _each(self, tx: WriteTransaction, batch: list[_Caller]) -> None:
         backend = self._store.backend
+        forks = forked.generation
         for caller in batch:
             savepoint = backend.savepoint(caller.action)
             try:
-                with savepoint:
+                savepoint.__enter__()
+                try:
                     caller.value = worked(caller.work, tx)
-            except Exception as exc:
+                except BaseException as exc:
+                    if forked.generation != forks:
+                        raise  # forked inside the work: this is the child, whose connection is the parent's
+                    savepoint.__exit__(type(exc), exc, exc.__traceback__)
+                    raise
+                if forked.generation != forks:
+                    raise StoreFencedError(self._store.fenced or "this process was forked inside the batch")
+                savepoint.__exit__(None, None, None)
+            except BaseException as exc:
+                if forked.generation != forks:
+                    raise  # the batch ends here in the child, its transaction left alone (`WriteTransaction`)
+                if not isinstance(exc, Exception) and threading.current_thread() is threading.main_thread():
+                    raise  # may be a signal's, which lands in the main thread only: the writer's (`_interrupted`)
                 caller.error = exc
                 self._store._rollbacks += 1  # its writes are undone: what a projector kept of them is stale
                 if savepoint.lost:

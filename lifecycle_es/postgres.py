@@ -37,6 +37,7 @@ from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, HostLeaseRow, Row, 
 from .backends import ServerTarget
 from .errors import (
     IntegrityError,
+    StoreError,
     StoreFencedError,
     StoreIOError,
 )
@@ -75,6 +76,7 @@ class PostgresBackend(ServerReadModelTables):
         self._known: tuple[int, bytes | None] = (0, None)
         self._pending: tuple[int, bytes] | None = None
         self._gone: str | None = None
+        self._closed = False  # by `close`: a connection its owner closed is never opened again
         # Inside a write transaction: the head as the lock read it (or as this transaction's inserts left it)
         # and each stream's version as read or written. Only an insert moves them (every other write leaves
         # events alone), and a savepoint's rollback drops them; nothing else can, since the head table's lock
@@ -112,6 +114,8 @@ class PostgresBackend(ServerReadModelTables):
         """
         if self._gone is not None:
             raise StoreFencedError(self._gone)
+        if self._closed:
+            raise StoreError(f"the store {self.path} was closed: open it again to use it")
         if not self._lost():
             if self._writing:
                 return self.identity  # inside a write transaction, its head table lock holds the store
@@ -455,7 +459,8 @@ class PostgresBackend(ServerReadModelTables):
             return cursor.fetchall() if cursor.description else []
 
     def close(self) -> None:
-        """Close the connections."""
+        """Close the connections; every later call raises StoreError, never reconnecting."""
+        self._closed = True
         self._drop_listener()
         self.conn.close()
 

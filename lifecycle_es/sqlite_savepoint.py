@@ -27,6 +27,15 @@ if TYPE_CHECKING:
 _NAME = "command"
 
 
+def _outside(conn: apsw.Connection) -> bool:
+    """Whether no transaction is open on `conn`: ended by SQLite, or the connection closed under the batch (a
+    command's work that closed its store), whose driver error would reach the callers untranslated."""
+    try:
+        return bool(conn.getautocommit())
+    except apsw.ConnectionClosedError:
+        return True
+
+
 class SqliteSavepoint:
     """`SqliteBackend.savepoint`: SAVEPOINT, then RELEASE, or ROLLBACK TO and RELEASE when the block raised.
 
@@ -43,7 +52,7 @@ class SqliteSavepoint:
         self.lost = False
 
     def __enter__(self) -> SqliteSavepoint:
-        if self.backend.conn.getautocommit():
+        if _outside(self.backend.conn):
             # Outside a transaction SAVEPOINT begins one of its own, which RELEASE commits: this command alone.
             self.lost = True
             raise StoreIOError(f"{self.action}: the batch's write transaction is no longer open, so its batch is "
@@ -59,7 +68,7 @@ class SqliteSavepoint:
         backend = self.backend
         conn = backend.conn
         if exc is None:
-            if conn.getautocommit():
+            if _outside(conn):
                 # The block went on past the error that ended the transaction (it caught it): the commands after
                 # it would each commit alone, outside the batch.
                 self.lost = True
@@ -73,7 +82,7 @@ class SqliteSavepoint:
                 raise translation(self.action, error) from error
             return False
         backend.log_end.forget()
-        if conn.getautocommit():
+        if _outside(conn):
             self.lost = True
             # A full disk stays a StoreFullError, as a lone command's is; the batch's loss is told in the message.
             kind = StoreFullError if isinstance(exc, StoreFullError | apsw.FullError) else StoreIOError

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import forked
 from .backend import HostLeaseRow
 from .errors import InvalidInputError, StoreBehindSealError, StoreError, StoreFencedError, StoreIOError
 from .events import Event, safe_holder
@@ -32,11 +33,12 @@ class _Fencing:
     the handle knew) as it begins: its StoreFencedError, or StoreBehindSealError, fences the store, as
     `EventStore._write`'s own check does."""
 
-    __slots__ = ("inner", "store")
+    __slots__ = ("forks", "inner", "store")
 
     def __init__(self, store: EventStore, inner: Any) -> None:
         self.store = store
         self.inner = inner
+        self.forks = forked.generation
 
     def __enter__(self) -> Any:
         try:
@@ -47,15 +49,21 @@ class _Fencing:
             self.store.fence(str(exc))
             raise
 
-    def __exit__(self, *exc: Any) -> Any:
-        return self.inner.__exit__(*exc)
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Any:
+        if forked.generation != self.forks:
+            # A child forked inside the transaction, unwinding through it: its ROLLBACK or COMMIT would run on
+            # the parent's connection (on a server, ending the parent's transaction under it). Left alone.
+            if kind is None:
+                raise StoreFencedError(self.store._fence or "this process was forked inside the transaction")
+            return False
+        return self.inner.__exit__(kind, exc, tb)
 
 
 class WriteTransaction:
     """The write side's unit of work, from `EventStore.transaction`: decisions read state under the lock
     (`stream_version`, `read_stream`, `head_at`), then append, all committed together or not at all."""
 
-    __slots__ = ("_action", "_context", "_store", "_streams", "_thread")
+    __slots__ = ("_action", "_context", "_held", "_store", "_streams", "_thread")
 
     def __init__(self, store: EventStore, action: str, streams: Sequence[str] = ()) -> None:
         self._store = store
@@ -80,6 +88,7 @@ class WriteTransaction:
             lock.release()
             raise
         self._thread = self._store._writing = threading.get_ident()
+        self._held = lock  # released at the end, even in a child forked meanwhile (whose store has a lock of its own)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Any:
@@ -100,7 +109,7 @@ class WriteTransaction:
         finally:
             if not committed:
                 store._rollbacks += 1
-            store._lock.release()
+            self._held.release()
 
     @property
     def store(self) -> EventStore:

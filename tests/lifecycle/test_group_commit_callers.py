@@ -1,0 +1,188 @@
+"""Group commit as careless callers use it: a work that raises what is no Exception, a process forked while
+commands are in flight; on a real file and on a real PostgreSQL server.
+
+Each batch is held together as in ``test_group_commit.py``: a writer stopped inside a first command (a gate),
+the next commands queued behind it, then the gate opened.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from holding import Held
+from waiting import wait_for
+
+from lifecycle_es import EventStore, RunnerLifecycle, StoreBusyError, StoreError, StoreIOError
+from lifecycle_es.events import ReclaimCompleted
+from lifecycle_es.receipts import RunnerSnapshot
+from lifecycle_es.store import WriteTransaction
+from lifecycle_es.testing import RUNNER_DEFAULTS, FakeClock, SequentialIds
+from lifecycle_es.values import MAX_ACTION_CHARS
+
+
+class Interrupted(BaseException):
+    """What a signal handler raises in the main thread (as KeyboardInterrupt does on Ctrl-C)."""
+
+
+def handle(store: EventStore, tmp_path: Path, runner_id: str) -> RunnerLifecycle:
+    own = tmp_path / "base" / runner_id
+    own.mkdir(parents=True, exist_ok=True)
+    return RunnerLifecycle(store, **{**RUNNER_DEFAULTS, "runner_id": runner_id}, base_dir=str(own),
+                           now=FakeClock(), random_id=SequentialIds())  # type: ignore[arg-type]
+
+
+def wait_child(pid: int) -> int:
+    """The exit code of child `pid`, which is killed (and the test failed) when it has not exited in 30 s."""
+    for _ in range(300):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        threading.Event().wait(0.1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child hung")
+
+
+def caught(call: Callable[[], Any]) -> Callable[[], Any]:
+    """`call`, returning what it raises, what is no Exception included (a thread would end on it)."""
+    def run() -> Any:
+        try:
+            return call()
+        except BaseException as exc:  # the outcome the test asserts on
+            return exc
+    return run
+
+
+def test_what_a_work_raises_in_a_thread_no_signal_reaches_is_its_callers_alone(store_target: str,
+                                                                              tmp_path: Path) -> None:
+    # A work's sys.exit() or asyncio.CancelledError in a worker thread (an AsyncEventStore's pool) is its own:
+    # given to the writer of its batch instead, it would end another caller's thread (or event loop), while its
+    # own caller got a StoreIOError and every other command of the batch was rolled back for nothing.
+    exit_ = SystemExit(3)
+
+    def exits(tx: WriteTransaction) -> None:
+        tx.stream_version("runner-b")
+        raise exit_
+
+    with EventStore.open(store_target, now=FakeClock()) as store:
+        a, c = handle(store, tmp_path, "runner-a"), handle(store, tmp_path, "runner-c")
+        held = Held(store)
+        held.queue("a", caught(a.initialize))  # the next batch's writer
+        held.queue("b", caught(lambda: store.commit("exits", exits)))
+        held.queue("c", caught(c.initialize))
+        outcomes = held.release()
+        assert outcomes["b"] is exit_, outcomes
+        assert isinstance(outcomes["a"], RunnerSnapshot) and isinstance(outcomes["c"], RunnerSnapshot), outcomes
+        assert sorted(store.streams()) == ["runner-a", "runner-c"]
+        assert store.fenced is None
+
+
+def test_an_interrupt_in_a_batch_the_main_thread_writes_is_the_main_threads(store_target: str,
+                                                                             tmp_path: Path) -> None:
+    # In the main thread, where a signal's handler raises, an interrupt in any command's work may be the
+    # signal's: the main thread raises it, and the other callers learn that nothing of the batch committed.
+    with EventStore.open(store_target, now=FakeClock()) as store:
+        a, c = handle(store, tmp_path, "runner-a"), handle(store, tmp_path, "runner-c")
+
+        def interrupted(tx: WriteTransaction) -> None:
+            tx.stream_version("runner-b")
+            raise Interrupted
+
+        held = Held(store)
+
+        def queue_behind_the_main_thread() -> None:
+            assert wait_for(lambda: store.group_commit.queued == 1)
+            held.queue("b", caught(lambda: store.commit("interrupted", interrupted)))
+            held.queue("c", caught(c.initialize))
+            held.gate.set()
+
+        others = threading.Thread(target=queue_behind_the_main_thread)
+        others.start()
+        with pytest.raises(Interrupted):
+            a.initialize()  # queued first: the main thread writes the next batch
+        others.join(20)
+        outcomes = held.release()
+        assert all(type(outcomes[name]) is StoreIOError for name in ("b", "c")), outcomes
+        assert all("nothing of it was committed" in str(outcomes[name]) for name in ("b", "c"))
+        assert store.streams() == [] and store.fenced is None
+        a.initialize()
+        assert store.streams() == ["runner-a"]
+
+
+def test_commands_named_with_the_longest_action_allowed_commit_in_one_batch(store_target: str) -> None:
+    # A name the store takes for a lone command is no reason to fail a batch of them (the batch is named after
+    # its first command, with its size).
+    action = "a" * MAX_ACTION_CHARS
+    with EventStore.open(store_target, now=FakeClock()) as store:
+        held = Held(store)
+        for name in ("a", "c"):
+            held.queue(name, lambda name=name: store.commit(action, lambda tx: (name, tx.stream_version(name))))
+        outcomes = held.release()
+        assert outcomes == {"gate": None, "a": ("a", 0), "c": ("c", 0)}
+        assert store.group_commit.batches == 2  # the gate's, and the two commands' together
+
+
+def test_a_work_that_closes_the_store_fails_its_batch_with_store_errors_and_lands_nothing(store_target: str) -> None:
+    # A careless work closes the store it writes through: every command of its batch fails with a StoreError
+    # (no driver's own exception type), and nothing of the batch is in the log.
+    with EventStore.open(store_target, now=FakeClock()) as store:
+        head = store.head()
+        held = Held(store)
+        event = ReclaimCompleted(generation=2)
+        held.queue("a", lambda: store.commit("a", lambda tx: tx.append_unchecked("a", [event])))
+        held.queue("b", lambda: store.commit("b", lambda tx: store.close()))
+        held.queue("c", lambda: store.commit("c", lambda tx: tx.append_unchecked("c", [event])))
+        outcomes = held.release()
+        assert all(isinstance(outcomes[name], StoreError) for name in "abc"), outcomes
+    with EventStore.open(store_target) as reopened:
+        assert reopened.head() == head
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["alone", "in-a-batch"])
+def test_a_child_forked_inside_a_work_never_ends_the_parents_transaction(store_target: str, batch: bool) -> None:
+    # A work forks and its child leaves the work by an exception (sys.exit(), say): unwinding through the
+    # transaction (and its savepoint, in a batch), the child must not roll back (nor commit) on the connection it
+    # shares with the parent. On a server, its ROLLBACK ends the parent's transaction, whose lock is then gone.
+    parent = os.getpid()
+    event = ReclaimCompleted(generation=2)
+
+    def forks(tx: WriteTransaction) -> str:
+        tx.append_unchecked("forking", [event])
+        pid = os.fork()
+        if pid == 0:
+            raise Interrupted  # the child leaves the work
+        assert wait_child(pid) == 0
+        # The parent's transaction still holds the write lock: another writer waits, and gives up.
+        with EventStore.open(store_target, busy_timeout_ms=100) as other, pytest.raises(StoreBusyError):
+            other.append_unchecked("other", [event])
+        return "parent"
+
+    def commits() -> str:
+        try:
+            return store.commit("forks", forks)
+        except BaseException:
+            if os.getpid() != parent:
+                os._exit(0)  # the child, once it unwound through the transaction
+            raise
+
+    with EventStore.open(store_target, now=FakeClock()) as store:
+        head = store.head()
+        if batch:
+            held = Held(store)
+            held.queue("forks", commits)  # the batch's writer: the child is forked from its thread
+            held.queue("next", lambda: store.commit("next", lambda tx: tx.append_unchecked("next", [event])))
+            outcomes = held.release()
+            assert outcomes == {"gate": None, "forks": "parent", "next": [store.event_at(head.seq + 2)]}, outcomes
+        else:
+            assert commits() == "parent"
+        assert store.head().seq == head.seq + 1 + batch
+    with EventStore.open(store_target) as reopened:  # what the parent's commit acknowledged is there
+        assert [(recorded.stream, recorded.type) for recorded in reopened.read()] == [
+            ("forking", "ReclaimCompleted"), *[("next", "ReclaimCompleted")] * batch]
+        reopened.verify()
