@@ -10,9 +10,10 @@ Sizes: an event's body is at most `MAX_EVENT_BYTES` (512 KiB; the largest a comm
 DrainExpired naming 1024 lease ids, about 270 KB), and a read is paged by rows and by bytes (a page ends
 at `PAGE_ROWS` rows or once its bodies reach `PAGE_BYTES`), so reading a log costs a bounded amount of
 memory whatever its rows hold. A row whose body is beyond the bound is never loaded: reading it raises
-IntegrityError at its seq. A snapshot's state is at most `MAX_SNAPSHOT_BYTES` (a state is at most a few MB:
-its leases are retained by count, each field bounded); a larger one is read as empty bytes, never loaded, and
-so proves nothing.
+IntegrityError at its seq. Its other columns are read only up to `MAX_FIELD_BYTES`: a longer one (which
+only a file's or table's writer can make) reads as NULL, which the chain check names at its seq. A
+snapshot's state is at most `MAX_SNAPSHOT_BYTES` (a state is at most a few MB: its leases are retained by
+count, each field bounded); a larger one is read as empty bytes, never loaded, and so proves nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ HostLeaseRow = tuple[str, int, int]
 
 MAX_EVENT_BYTES = 512 * 1024
 MAX_SNAPSHOT_BYTES = 16 * 1024 * 1024
+MAX_FIELD_BYTES = 1024
+"""The most a row's stream, type, at, prev or hash is read as (each is far shorter in any row a store
+writes: ids are at most 255 characters, hashes 32 bytes); beyond it the column reads as NULL, never loaded."""
 PAGE_ROWS = 2000
 PAGE_BYTES = 8 * 1024 * 1024
 

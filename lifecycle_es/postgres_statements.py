@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .backend import MAX_EVENT_BYTES, MAX_SNAPSHOT_BYTES
+from .backend import MAX_EVENT_BYTES, MAX_FIELD_BYTES, MAX_SNAPSHOT_BYTES
 from .postgres_schema import ROW_COLUMNS
 
 CHANNEL_PREFIX = "lifecycle_es_"
+
+
+def _bounded(column: str) -> str:
+    """`column` as a read selects it: NULL, never read whole, beyond MAX_FIELD_BYTES."""
+    return f"CASE WHEN octet_length({column}) > {MAX_FIELD_BYTES} THEN NULL ELSE {column} END"
 
 
 class Statements:
@@ -20,8 +25,10 @@ class Statements:
 
     def __init__(self, schema: str) -> None:
         s = schema
-        page = (f"SELECT seq, stream, version, type, at, CASE WHEN octet_length(body) > {MAX_EVENT_BYTES} THEN NULL"
-                f" ELSE body END, prev, hash, octet_length(body) FROM {s}.events")
+        # Any column beyond its bound comes back NULL, never detoasted (octet_length reads a TOASTed value's size).
+        page = (f"SELECT seq, {_bounded('stream')}, version, {_bounded('type')}, {_bounded('at')},"
+                f" CASE WHEN octet_length(body) > {MAX_EVENT_BYTES} THEN NULL ELSE body END, {_bounded('prev')},"
+                f" {_bounded('hash')}, octet_length(body) FROM {s}.events")
         self.identity = (f"SELECT (SELECT system_identifier FROM pg_control_system()),"
                          f" (SELECT value FROM {s}.meta WHERE key = 'store_id')")
         self.meta = f"SELECT value FROM {s}.meta WHERE key = %s"

@@ -24,7 +24,7 @@ from typing import Any, cast
 
 import apsw
 
-from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Row, Tail, paged, stream_paged
+from .backend import MAX_EVENT_BYTES, MAX_FIELD_BYTES, PAGE_BYTES, PAGE_ROWS, Row, Tail, paged, stream_paged
 from .errors import IntegrityError, StoreFencedError, StoreFormatError, StoreIOError
 from .sqlite_caches import CacheTables
 from .sqlite_errors import translated
@@ -37,6 +37,12 @@ from .sqlite_write import LogEnd, SqliteTransaction
 
 TEXT_COLUMNS = ("stream", "type", "at")
 
+
+def _bounded(column: str) -> str:
+    """`column` as a read selects it: NULL, never loaded, beyond MAX_FIELD_BYTES (a length is in its header)."""
+    return f"iif(octet_length({column}) > {MAX_FIELD_BYTES}, NULL, {column})"
+
+
 _INSERT = f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 # What an insert left in the file: the head's seq and hash (one seek), and how many rows lie after the head
 # the insert chained onto (a count over the rows just written, no column read).
@@ -44,16 +50,17 @@ _LANDED = "SELECT seq, hash, (SELECT count(*) FROM events WHERE seq > ?) FROM ev
 _STREAM_VERSION = "SELECT version FROM events WHERE stream = ? ORDER BY version DESC LIMIT 1"
 # No row when the log is empty; otherwise the head's seq, hash and at, and the stream's version (NULL
 # when the stream has no events yet).
-_TAIL = ("SELECT (SELECT version FROM events WHERE stream = ?1 ORDER BY version DESC LIMIT 1), seq, hash, at"
-         " FROM events ORDER BY seq DESC LIMIT 1")
-_HEAD_AT = "SELECT at FROM events ORDER BY seq DESC LIMIT 1"
+_TAIL = ("SELECT (SELECT version FROM events WHERE stream = ?1 ORDER BY version DESC LIMIT 1), seq,"
+         f" {_bounded('hash')}, {_bounded('at')} FROM events ORDER BY seq DESC LIMIT 1")
+_HEAD_AT = f"SELECT {_bounded('at')} FROM events ORDER BY seq DESC LIMIT 1"
 # Each stream after the one before, by the (stream, version) index: one seek per stream (see `streams`).
 _STREAMS = ("WITH RECURSIVE s(stream) AS (SELECT min(stream) FROM events UNION ALL"
             " SELECT (SELECT min(stream) FROM events WHERE stream > s.stream) FROM s WHERE s.stream IS NOT NULL)"
-            " SELECT stream FROM s WHERE stream IS NOT NULL")
-# A row as reads page it: a body beyond the bound comes back NULL, so it is never loaded (SQLite reads a
-# blob's length from its header, not its pages).
-_PAGE_COLUMNS = f"seq, stream, version, type, at, iif(length(body) > {MAX_EVENT_BYTES}, NULL, body), prev, hash"
+            f" SELECT {_bounded('stream')} FROM s WHERE stream IS NOT NULL")
+# A row as reads page it: a body beyond the bound comes back NULL, and so does any other column beyond
+# MAX_FIELD_BYTES, so neither is ever loaded (SQLite reads a value's length from its header, not its pages).
+_PAGE_COLUMNS = ", ".join(["seq", _bounded("stream"), "version", _bounded("type"), _bounded("at"),
+                           f"iif(length(body) > {MAX_EVENT_BYTES}, NULL, body)", _bounded("prev"), _bounded("hash")])
 
 
 class SqliteBackend(ReadModelTables, CacheTables):
@@ -222,7 +229,7 @@ class SqliteBackend(ReadModelTables, CacheTables):
 
     def head(self) -> tuple[int, bytes | None, str | None]:
         """(seq, hash, at) of the last event; (0, None, None) for an empty log. An index lookup."""
-        rows = self._select("read head", "seq, hash, at", "ORDER BY seq DESC LIMIT 1")
+        rows = self._select("read head", f"seq, {_bounded('hash')}, {_bounded('at')}", "ORDER BY seq DESC LIMIT 1")
         return rows[0] if rows else (0, None, None)
 
     def head_at(self) -> str | None:
@@ -263,6 +270,11 @@ class SqliteBackend(ReadModelTables, CacheTables):
             rows = self.conn.execute(_TAIL, (stream,)).fetchall()
         # STRICT columns: the types Tail names.
         found = cast("Tail", (rows[0][0] or 0, *rows[0][1:])) if rows else (0, 0, None, None)
+        if rows and (type(found[2]) is not bytes or len(found[2]) != 32):
+            # A head no append leaves (its hash edited away, or beyond MAX_FIELD_BYTES): chaining onto it would
+            # bury the edit under events that verify against it.
+            raise IntegrityError(found[1], "the head's hash is not 32 bytes, so the file was edited: audit it "
+                                           "(lifecycle-es audit) and restore it from a good copy")
         end.read(stream, found)
         return found
 
@@ -386,7 +398,7 @@ class SqliteBackend(ReadModelTables, CacheTables):
             except UnicodeDecodeError:
                 pass
         # Text that is not UTF-8 (a file edited by hand) is named at its seq by the plain scan.
-        return [row[0] for row in self._select("list streams", "DISTINCT stream", "ORDER BY stream")]
+        return [row[0] for row in self._select("list streams", f"DISTINCT {_bounded('stream')}", "ORDER BY stream")]
 
     def data_version(self) -> int:
         """SQLite's data_version: changes when another connection commits. StoreFencedError when the files are

@@ -27,6 +27,7 @@ from fleets import (
     row,
     rows_and_meta,
     run,
+    smuggle,
 )
 
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerState
@@ -434,3 +435,21 @@ def test_a_key_for_a_store_that_claims_to_be_unkeyed_is_refused_by_every_command
         done = run(*args, "--key-file", key_file)
         assert done.returncode == 65 and "downgrade" in one_error_line(done), (args, done.stderr)
     assert not os.path.exists(f"{path}.seal") and not os.path.exists(tmp_path / "new.db")
+
+
+@pytest.mark.parametrize("column", ["stream", "at", "hash"])
+def test_a_column_larger_than_any_value_is_named_unread(fleet_log: FleetLog, tmp_path: Path, column: str) -> None:
+    # A file's writer can make any column any size SQLite holds: 300 MB read whole does not fit in 512 MiB of
+    # address space. Beyond MAX_FIELD_BYTES a column reads as NULL, unloaded, and the chain names its row.
+    path = copy_store(fleet_log[0], tmp_path / "huge.db", seal=False)
+    with EventStore.open(path) as store:
+        seq = store.head().seq // 2
+    huge = "zeroblob(300000000)" if column == "hash" else "CAST(zeroblob(300000000) AS TEXT)"
+    smuggle(path, (f"UPDATE events SET {column} = {huge} WHERE seq = ?", (seq,)))
+    for command in (["audit", str(path)], ["events", str(path), "-n", "5"], ["show", str(path)]):
+        done = subprocess.run([str(CLI), *command], capture_output=True, text=True, timeout=120, check=False,
+                              preexec_fn=lambda: limit_memory(512 << 20))
+        assert done.returncode in (0, 65), (command, done.returncode, done.stderr)
+        assert "MemoryError" not in done.stderr and "Traceback" not in done.stderr
+    code, report = audit_json(path)
+    assert code == 65 and report["first_bad_seq"] == seq, report

@@ -19,7 +19,7 @@ from typing import Any
 
 import apsw
 import pytest
-from fleets import attack
+from fleets import attack, smuggle
 from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 
@@ -402,3 +402,19 @@ def test_refused_edit_inside_a_transaction_rolls_back_its_appends(filled: EventS
     assert filled.head().seq == EVENTS
     assert filled.stream_version("runner-9") == 0
     assert filled.verify().events == EVENTS
+
+
+@pytest.mark.parametrize("hash_", ["NULL", "zeroblob(16)", "zeroblob(2000)"], ids=["null", "short", "oversized"])
+def test_an_append_onto_a_head_whose_hash_no_append_leaves_is_refused(tmp_path: Path, hash_: str) -> None:
+    # Chaining onto it would bury the edit under events that verify against it.
+    path = tmp_path / "head.db"
+    with EventStore.open(path) as store:
+        store.append_unchecked("r", [ReclaimCompleted(generation=g) for g in (1, 2, 3)])
+    smuggle(path, (f"UPDATE events SET hash = {hash_} WHERE seq = 3", ()))
+    before = path.read_bytes()
+    with EventStore.open(path) as store:
+        with pytest.raises(IntegrityError) as info:
+            store.append_unchecked("r", [ReclaimCompleted(generation=4)])
+        assert info.value.seq == 3 and "audit it" in str(info.value)
+        assert store.head().seq == 3
+    assert path.read_bytes() == before
