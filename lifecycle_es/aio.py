@@ -202,18 +202,19 @@ class AsyncEventStore:
     async def _follow(self, last: int, poll_interval: float, stream: str | None) -> AsyncIterator[RecordedEvent]:
         # The highest seq the log is known to have held up to the follower's place (yielded, or held at its start):
         # a head found below it is a log cut back under the follower, even one that has yielded nothing yet.
-        reached = await self.run(following.held, self.store, last)
+        reached, reached_hash = await self.run(following.held, self.store, last), None
         while True:
-            page = await self.run(self._page, last, stream, reached)
+            page = await self.run(self._page, last, stream, reached, reached_hash)
             for recorded in page:
                 last = reached = recorded.seq
+                reached_hash = recorded.hash
                 yield recorded
             if len(page) < PAGE_ROWS:
                 await asyncio.sleep(poll_interval)
 
-    def _page(self, after: int, stream: str | None, reached: int) -> list[RecordedEvent]:
+    def _page(self, after: int, stream: str | None, reached: int, reached_hash: bytes | None) -> list[RecordedEvent]:
         """The next page, once the log is found to hold what was yielded (`EventStore.check_followed`)."""
-        self.store.check_followed(reached)
+        self.store.check_followed(reached, event_hash=reached_hash)
         return list(self.store.read(after=after, stream=stream, limit=PAGE_ROWS))
 
 

@@ -50,8 +50,9 @@ def follow_log(store: EventStore, last: int, poll_interval: float, stream: str |
     backend = store.backend
     seen: tuple[int, int] | None = None
     # The highest seq the log is known to have held up to the follower's place (yielded, or held at its start):
-    # a head found below it is a log cut back under the follower, even one that has yielded nothing yet.
-    reached = held
+    # a head found below it is a log cut back under the follower, even one that has yielded nothing yet. The
+    # hash of the last event yielded: one found changed is a log cut back and grown again between two polls.
+    reached, reached_hash = held, None
     while stop is None or not stop.is_set():
         try:
             with store.lock:
@@ -60,17 +61,19 @@ def follow_log(store: EventStore, last: int, poll_interval: float, stream: str |
             raise store._fenced_by(exc) from None
         if marker != seen:
             seen = marker
+            check_followed(store, reached, reached_hash)  # before anything new is yielded past a rewrite
             for recorded in store.read(after=last, stream=stream):
                 last = reached = recorded.seq
+                reached_hash = recorded.hash
                 yield recorded
-            check_followed(store, reached)
+            check_followed(store, reached, reached_hash)
             continue
         backend.wait(poll_interval, stop)
 
 
-def check_followed(store: EventStore, reached: int) -> None:
-    """`EventStore.check_followed` (`reached` checked there): the files first, then the head, when the
-    follower holds any seq (one that holds none has nothing to lose)."""
+def check_followed(store: EventStore, reached: int, event_hash: bytes | None = None) -> None:
+    """`EventStore.check_followed` (its arguments checked there): the files first, then the head, when the
+    follower holds any seq (one that holds none has nothing to lose), then the hash at `reached` if given."""
     backend = store.backend
     with store.lock:
         try:
@@ -78,7 +81,11 @@ def check_followed(store: EventStore, reached: int) -> None:
         except StoreFencedError as exc:
             raise store._fenced_by(exc) from None
         head = backend.head()[0] if reached else 0
+        row = backend.row_at(reached) if event_hash is not None and 0 < reached <= head else None
     if head < reached:
         raise IntegrityError(head + 1, f"the log's head went back from seq {reached} to {head} while it was "
                                        "followed: events were deleted, or the store was replaced by an older "
                                        "copy (audit it)")
+    if event_hash is not None and reached and (row is None or row[7] != event_hash):
+        raise IntegrityError(reached, f"the event at seq {reached} changed while it was followed: the log was "
+                                      "cut back and written again, or edited (audit it)")

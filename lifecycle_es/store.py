@@ -467,16 +467,21 @@ class EventStore:
         last, interval, watched = following.checked(after, poll_interval, stream, stop)
         return following.follow_log(self, last, interval, stream, watched, held=following.held(self, last))
 
-    def check_followed(self, reached: int) -> None:
-        """Check that the log still holds what a follower has yielded, up to seq `reached`.
+    def check_followed(self, reached: int, *, event_hash: bytes | None = None) -> None:
+        """Check that the log still holds what a follower has yielded, up to seq `reached` (whose event's hash
+        is `event_hash`, when given).
 
         Raises IntegrityError if the log's head is now below `reached` (events deleted, an older copy put
-        back), naming the first seq gone; StoreFencedError if the store's files changed underneath this handle
-        (replaced, removed or cut short: it would go on reading a file no one writes), fencing the store.
-        `follow` calls it after each read; so does any follower of its own (the ``aio`` one). On a server the
-        head's query is the check.
+        back), naming the first seq gone, or if the event at `reached` no longer has `event_hash` (the log cut
+        back and written again between two looks); StoreFencedError if the store's files changed underneath
+        this handle (replaced, removed or cut short: it would go on reading a file no one writes), fencing the
+        store. `follow` calls it before and after each read; so does any follower of its own (the ``aio``
+        one). On a server the head's query and one lookup by seq are the check.
         """
-        following.check_followed(self, safe_int(reached, "reached"))
+        if event_hash is not None and (type(event_hash) is not bytes or len(event_hash) != 32):
+            raise InvalidInputError("event_hash", f"event_hash is invalid: {shown(event_hash)} is not a 32-byte "
+                                                  "hash (pass a RecordedEvent's hash, or None)")
+        following.check_followed(self, safe_int(reached, "reached"), event_hash)
 
     # --- proving -------------------------------------------------------------------------------------
 

@@ -248,6 +248,21 @@ def cut_back(path: Path) -> None:
         conn.close()
 
 
+def cut_back_and_regrow(path: Path) -> None:
+    """The rows after seq 2 deleted, then the log written past seq 4 again: its head is no longer behind."""
+    conn = apsw.Connection(str(path))
+    try:
+        conn.set_busy_timeout(5000)
+        (trigger,), = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'events_no_delete'").fetchall()
+        conn.execute("DROP TRIGGER events_no_delete")
+        conn.execute("DELETE FROM events WHERE seq > 2")
+        conn.execute(trigger)
+    finally:
+        conn.close()
+    with EventStore.open(path) as other:
+        other.append_unchecked("z", [ReclaimCompleted(generation=generation) for generation in range(3, 7)])
+
+
 def replace_file(path: Path) -> None:
     """Another store's file renamed over the followed one."""
     other = path.with_name("other.db")
@@ -255,8 +270,9 @@ def replace_file(path: Path) -> None:
     os.replace(other, path)
 
 
-@pytest.mark.parametrize(("change", "expected"), [(cut_back, IntegrityError), (replace_file, StoreFencedError)],
-                         ids=["log-cut-back", "file-replaced"])
+@pytest.mark.parametrize(("change", "expected"), [(cut_back, IntegrityError), (cut_back_and_regrow, IntegrityError),
+                                                  (replace_file, StoreFencedError)],
+                         ids=["log-cut-back", "log-cut-back-and-regrown", "file-replaced"])
 def test_follow_raises_when_the_log_is_cut_back_or_its_file_replaced(
         tmp_path: Path, change: Any, expected: type[Exception]) -> None:
     # As `EventStore.follow` does (through `EventStore.check_followed`), never waiting on for ever.
@@ -277,8 +293,13 @@ def test_follow_raises_when_the_log_is_cut_back_or_its_file_replaced(
                 async with asyncio.timeout(GUARD_S):
                     await follow()
             assert seen == [1, 2, 3, 4]
-            if isinstance(caught.value, IntegrityError):
-                assert caught.value.seq == 3 and "went back from seq 4 to 2" in str(caught.value)
+            error = caught.value
+            if change is cut_back:
+                assert isinstance(error, IntegrityError) and error.seq == 3
+                assert "went back from seq 4 to 2" in str(error)
+            if change is cut_back_and_regrow:
+                assert isinstance(error, IntegrityError) and error.seq == 4
+                assert "changed while it was followed" in str(error)
 
     asyncio.run(main())
 
@@ -294,8 +315,8 @@ def test_a_follower_that_has_yielded_nothing_still_sees_the_log_cut_back_below_i
             polled = threading.Event()
             page = store._page
 
-            def spy(after: int, stream: str | None, reached: int) -> list[RecordedEvent]:
-                found = page(after, stream, reached)
+            def spy(after: int, stream: str | None, reached: int, reached_hash: bytes | None) -> list[RecordedEvent]:
+                found = page(after, stream, reached, reached_hash)
                 polled.set()
                 return found
 

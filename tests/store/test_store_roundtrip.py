@@ -503,6 +503,39 @@ def test_follow_raises_when_the_log_is_cut_back_under_it(tmp_path: Any, stream: 
         assert seen == ([1, 2, 3, 4, 5, 6] if stream is None else [1, 3, 5])
 
 
+def test_follow_raises_when_the_log_is_cut_back_and_written_again_between_two_polls(tmp_path: Any) -> None:
+    # The head is past what the follower yielded again, so only the event at its place tells: it was rewritten.
+    path = str(tmp_path / "regrown.db")
+
+    def cut_back_and_regrow() -> None:
+        with raw_sql(path) as run:
+            (trigger,), = run("SELECT sql FROM sqlite_schema WHERE name = 'events_no_delete'")
+            run("DROP TRIGGER events_no_delete")
+            run("DELETE FROM events WHERE seq > 4")
+            run(trigger)
+        with EventStore.open(path) as other:
+            for generation in range(5, 9):
+                other.append_unchecked("z", [ReclaimCompleted(generation=generation)])
+
+    with EventStore.open(path) as store:
+        seen, rewritten = follow_until_raised(store, IntegrityError, 6, cut_back_and_regrow)
+        assert seen == [1, 2, 3, 4, 5, 6] and rewritten.seq == 6
+        assert "changed while it was followed" in str(rewritten)
+
+
+def test_check_followed_refuses_a_hash_that_is_no_hash(store: EventStore) -> None:
+    six_events(store)
+    for bad in (b"short", "a" * 32, bytearray(32)):
+        with pytest.raises(InvalidInputError) as info:
+            store.check_followed(6, event_hash=bad)  # type: ignore[arg-type]
+        assert info.value.field == "event_hash"
+    last = store.event_at(6)
+    assert last is not None
+    store.check_followed(6, event_hash=last.hash)
+    with pytest.raises(IntegrityError):
+        store.check_followed(6, event_hash=bytes(32))
+
+
 def test_follow_raises_fenced_when_the_file_it_follows_is_replaced(tmp_path: Any) -> None:
     # Its connection would go on reading the file it opened, which no one writes any more: a follower
     # that waited on it would wait for ever, never seeing what is appended to the file now at the path.
