@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -50,3 +51,15 @@ def returns_within(call: Callable[[], T], timeout_s: float = 20.0, *, fifo: str 
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def wait_child(pid: int) -> int:
+    """The exit code of child `pid`, which is killed (and the test failed) when it has not exited in 30 s."""
+    for _ in range(300):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        threading.Event().wait(0.1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child hung")

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import threading
 from pathlib import Path
 
 import pytest
-from waiting import wait_for
+from waiting import wait_child, wait_for
 
 from lifecycle_es import EventStore, StoreError, StoreFencedError
 from lifecycle_es.aio import AsyncEventStore
@@ -19,18 +18,6 @@ from lifecycle_es.store import WriteTransaction
 
 # How long a wait may take before the test calls it hung: a guard, not a timing assertion.
 GUARD_S = 20
-
-
-def wait_child(pid: int) -> int:
-    """The exit code of child `pid`, which is killed (and the test failed) when it has not exited in 30 s."""
-    for _ in range(300):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        threading.Event().wait(0.1)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    raise AssertionError("the forked child hung")
 
 
 def test_a_child_forked_while_every_thread_of_the_store_is_busy_gets_the_fence_not_a_hang(store_target: str,

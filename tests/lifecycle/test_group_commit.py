@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from holding import Held, HeldRollback
 from targets import Places
-from waiting import wait_for
+from waiting import wait_child, wait_for
 
 import projections
 from lifecycle_es import (
@@ -542,14 +542,3 @@ def test_a_forked_child_finds_every_inherited_store_fenced_and_waits_for_no_lock
         b.acquire_lease(session_id="s-1", expected_generation=1, proxy_authority=proxy())
     proved(made)
 
-
-def wait_child(pid: int) -> int:
-    """The exit code of child `pid`, which is killed (and the test failed) when it has not exited in 30 s."""
-    for _ in range(300):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        threading.Event().wait(0.1)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    raise AssertionError("the forked child hung")

@@ -8,7 +8,6 @@ the next commands queued behind it, then the gate opened.
 from __future__ import annotations
 
 import os
-import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 from holding import Held
-from waiting import wait_for
+from waiting import wait_child, wait_for
 
 from lifecycle_es import EventStore, RunnerLifecycle, StoreBusyError, StoreError, StoreIOError
 from lifecycle_es.events import ReclaimCompleted
@@ -35,18 +34,6 @@ def handle(store: EventStore, tmp_path: Path, runner_id: str) -> RunnerLifecycle
     own.mkdir(parents=True, exist_ok=True)
     return RunnerLifecycle(store, **{**RUNNER_DEFAULTS, "runner_id": runner_id}, base_dir=str(own),
                            now=FakeClock(), random_id=SequentialIds())  # type: ignore[arg-type]
-
-
-def wait_child(pid: int) -> int:
-    """The exit code of child `pid`, which is killed (and the test failed) when it has not exited in 30 s."""
-    for _ in range(300):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        threading.Event().wait(0.1)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    raise AssertionError("the forked child hung")
 
 
 def caught(call: Callable[[], Any]) -> Callable[[], Any]:
