@@ -31,20 +31,19 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from . import chain, following, forked
-from .backend import MAX_EVENT_BYTES, PAGE_ROWS, Backend, HostLeaseRow, Row
+from . import appending, chain, following, forked
+from .backend import PAGE_ROWS, Backend, HostLeaseRow, Row
 from .backends import is_url, open_backend
-from .canonical import MAX_EPOCH_MS, canonical_ms, iso_ms, timestamp
+from .canonical import iso_ms
 from .errors import (
     ConcurrencyError,
-    IntegrityError,
     InvalidInputError,
     StoreFencedError,
     StoreFormatError,
     StoreIOError,
     StoreKeyError,
 )
-from .events import Event, encode_all
+from .events import Event
 from .files import text_path
 from .group_commit import GroupCommit
 from .log import Head, RecordedEvent, VerifyReport
@@ -52,7 +51,7 @@ from .seal import Seal, check_seal, read_seal, write_seal
 from .transaction import WriteTransaction as WriteTransaction  # re-exported: where it was always imported from
 from .transaction import _Fencing
 from .values import safe_choice, safe_id, safe_int, safe_progress, shown
-from .verify import verify_rows, well_formed_at
+from .verify import verify_rows
 
 if TYPE_CHECKING:
     from .checkpoints import Checkpoint
@@ -324,43 +323,27 @@ class EventStore:
     def _append(self, stream: str, events: Sequence[Event], expected_version: int | None,
                 at: str | None, *, checked: bool) -> list[RecordedEvent]:
         safe_id(stream, "stream")
-        # A list is a Sequence: the ABC's check (a registry walk) is for everything else.
-        if (type(events) is not list and (isinstance(events, Event) or not isinstance(events, Sequence))) or not events:
-            raise InvalidInputError("events", "events must be a non-empty sequence of events")
-        bodies = encode_all(events)  # refuses what is not an event, or holds a float, before anything else
-        for _, body in bodies:
-            if len(body) > MAX_EVENT_BYTES:
-                raise _too_large(bodies)
+        bodies = appending.encoded(events)  # refuses what is not an event before anything else
         if expected_version is not None:
             safe_int(expected_version, "expected_version")
         if self.key_id is not None and self._key is None:
             raise StoreKeyError("this keyed store was opened without its key: it is read-only")
-        # `at` is hashed as stored, so it is held to the one canonical spelling (UTC, milliseconds, Z).
         stamped = at is None
-        if at is None:
-            at = iso_ms(safe_int(self._now(), "now", 0, MAX_EPOCH_MS))
-        elif canonical_ms(at) is None:  # already spelled so (a command's own stamp): `timestamp` would return it
-            at = timestamp(at, "at")
+        at = appending.stamp(at, self._now)
         backend = self._backend
         # One statement under the lock for all (answered without one when the command just read them).
         version, seq, prev, head_at = backend.tail(stream)
         if expected_version is not None and expected_version != version:
             raise ConcurrencyError(stream, expected_version, version)
         if head_at is not None and (type(head_at) is not str or at < head_at):
-            at = _not_before(at, seq, head_at, stamped=stamped)
+            at = appending.not_before(at, seq, head_at, stamped=stamped)
         if checked:
             # The rules fold the stream (replay reads through this module, so it is imported here).
             from .replay import check_events
 
             check_events(self, stream, events, version=version, seq=seq, at=at)
-        prev = prev if prev is not None else self._genesis
-        rows: list[Row] = []
-        for (type_, body), digest in zip(bodies, chain.links(prev, seq, stream, version, at, bodies, self._key),
-                                          strict=True):
-            seq += 1
-            version += 1
-            rows.append((seq, stream, version, type_, at, body, prev, digest))
-            prev = digest
+        rows = appending.chained(bodies, prev if prev is not None else self._genesis, seq, stream, version, at,
+                                 self._key)
         backend.insert(rows)
         recorded = [RecordedEvent(*row, event=event) for row, event in zip(rows, events, strict=True)]
         for projector in self._projectors:
@@ -577,22 +560,3 @@ class EventStore:
         if self.key_id is not None and self._key is None:
             raise StoreKeyError("this keyed store was opened without its key: its snapshots cannot be proven")
         return chain.snapshot_tag(self.store_id, stream, version, seq, event_hash, state, self._key)
-
-
-def _not_before(at: str, seq: int, head_at: object, *, stamped: bool) -> str:
-    """`at` for an event appended after a head stamped `head_at`, later than `at`: the head's time when the
-    store's clock stamped it (a clock that stepped back), InvalidInputError when the caller named it."""
-    if type(head_at) is not str or not well_formed_at(head_at):
-        raise IntegrityError(seq, f"the log's head has at {shown(head_at)}, not a time as the store writes one: "
-                                  "audit the file (lifecycle-es audit)")
-    if not stamped:
-        raise InvalidInputError("at", f"at {at} is earlier than {head_at}, the at of the log's head (seq {seq}): "
-                                      "an event is never stamped before the one before it; pass a later at or none")
-    return head_at
-
-
-def _too_large(bodies: Sequence[tuple[str, bytes]]) -> InvalidInputError:
-    """The InvalidInputError naming the first event of `bodies` beyond MAX_EVENT_BYTES, and its size."""
-    index, (type_, body) = next((index, pair) for index, pair in enumerate(bodies) if len(pair[1]) > MAX_EVENT_BYTES)
-    return InvalidInputError("events", f"event {index} ({type_}) is {len(body):,} bytes encoded, beyond the bound of "
-                                       f"{MAX_EVENT_BYTES:,} bytes an event may hold (MAX_EVENT_BYTES)")
