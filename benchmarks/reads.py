@@ -4,8 +4,9 @@
 
 The log holds 1M events (200k with ``--quick``) of a fleet of 64 runners living a life the rules allow
 (``benchmarks.audit.build``, appended raw in batches, once per run), and each runner's tagged snapshot
-taken when `TAIL` events were left to write, as commands take one every 64 of a runner's events: a
-reader starts from the snapshots and folds the tail, about 32 events a runner.
+taken when `TAIL` events were left to write, as commands take one every 128 of a runner's events while it
+retains 257 to 512 leases, as these runners do (``lifecycle_es.handle.snapshot_interval``): a reader starts
+from the snapshots and folds the tail, about 64 events a runner.
 
 - ``projections.fleet()`` against the same view by a full replay (``fleet_of(replay(store))``), in
   alternating rounds: the time (target: under 100 ms at 1M events) and its ratio to the replay's;
@@ -27,7 +28,7 @@ from .audit import FLEET, build
 from .measure import Figure, Target, alternate, clock_ns, compared, quiesce
 from .suite import Context, main
 
-TAIL = FLEET * 32  # events after the snapshots: half the commands' snapshot interval, on average, per runner
+TAIL = FLEET * 64  # events after the snapshots: half the commands' snapshot interval, on average, per runner
 RUNNER = "runner-007"
 
 

@@ -96,7 +96,8 @@ class RunnerLifecycle(HostLeaseCommands):
     clock); an event is never stamped before the log's head, whatever it says. `random_id`: a
     zero-argument callable returning the random part of a new lease id (default: a UUID's hex).
     `preflight_base_dir`: replaces the base directory preflight (tests; a host that checks otherwise).
-    `snapshot_every`: take a snapshot of the runner's state every this many of its events (>= 1).
+    `snapshot_every`: take a snapshot of the runner's state every this many of its events (>= 1); by default every
+    64, or every 128, 256, ... while the runner retains more than four times as many leases (``snapshot_interval``).
 
     A host driver writes under the runner's host lease (`take_host_lease`, ``host_lease.py``): every
     command of a handle that holds one is refused (HostFencedError) once the lease is another's or
