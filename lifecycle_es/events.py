@@ -13,7 +13,7 @@ event's ``at``. Unit events are the host driver's side effects on the runner's s
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Union
 
 import msgspec
@@ -285,8 +285,12 @@ EVENT_TYPES: dict[str, type[Event]] = {
     str(cls.__struct_config__.tag): cls for cls in LIFECYCLE_EVENTS + UNIT_EVENTS + HOST_LEASE_EVENTS
 }
 
-_TAG_OF: dict[type[Event], str] = {cls: tag for tag, cls in EVENT_TYPES.items()}
+TAG_OF: dict[type[Event], str] = {cls: tag for tag, cls in EVENT_TYPES.items()}
+"""Each event class's tag (what the ``type`` column holds for it)."""
 _DECODER = msgspec.json.Decoder(Union[tuple(EVENT_TYPES.values())])  # noqa: UP007
+decode_body: Callable[[bytes], Event] = _DECODER.decode
+"""The event a body's bytes hold, unchecked against its row (msgspec's DecodeError or ValidationError, or
+TypeError for no bytes): the replay's hot path, which asks `decode_recorded` for the error naming the row."""
 
 
 def type_of(event: Event) -> str:
@@ -334,7 +338,7 @@ def decode_recorded(seq: int, stream: str, type_: str, body: bytes) -> Event:
     except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
         # TypeError: a body that is not bytes at all (NULL from a damaged page, text smuggled past STRICT).
         raise IntegrityError(seq, f"body is not a valid event: {exc}", stream=stream) from None
-    if _TAG_OF[type(event)] != type_:  # the decoded class's tag: a look-up, cheaper than its config's
+    if TAG_OF[type(event)] != type_:  # the decoded class's tag: a look-up, cheaper than its config's
         tag = event.__struct_config__.tag
         raise IntegrityError(seq, f"type column {type_!r} differs from body tag {tag!r}", stream=stream)
     return event
