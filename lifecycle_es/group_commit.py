@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import forked
 from .errors import InvalidInputError, StoreFencedError, StoreIOError
+from .transaction import interrupted_commit
 from .values import MAX_ACTION_CHARS, safe_action, safe_callable, safe_id, safe_int, safe_number
 
 if TYPE_CHECKING:
@@ -265,9 +266,11 @@ class GroupCommit:
         if not committing:
             return StoreIOError(f"{action}: the thread writing the batch was interrupted ({name}) before its commit, "
                                 "so the batch was rolled back: nothing of it was committed")
-        cause = f"a batch's commit was interrupted ({name}), so whether it landed is unknown: reopen the store to learn"
+        # Fenced already when the interrupt came out of the COMMIT (`WriteTransaction`); not when it landed just
+        # after, where the others cannot tell either.
+        cause = interrupted_commit(action, interrupt)
         self._store.fence(cause)
-        return StoreIOError(f"{action}: {cause}", outcome_unknown=True)
+        return StoreIOError(cause, outcome_unknown=True)
 
     def _each(self, tx: WriteTransaction, batch: list[_Caller]) -> None:
         backend = self._store.backend

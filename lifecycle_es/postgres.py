@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, HostLeaseRow, Row, Tail, paged, stream_paged
+from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Row, Tail, paged, stream_paged
 from .backends import ServerTarget
 from .errors import (
     IntegrityError,
@@ -41,6 +41,7 @@ from .errors import (
     StoreFencedError,
     StoreIOError,
 )
+from .postgres_caches import ServerCacheTables
 from .postgres_connection import open_connection, reconnect
 from .postgres_errors import translated, translation
 from .postgres_read_models import ServerReadModelTables
@@ -53,7 +54,7 @@ from .postgres_statements import CHANNEL_PREFIX, Statements
 from .postgres_write import CHUNK_BYTES, SMALL_APPEND_ROWS, ServerTransaction, array_literals, chunks
 
 
-class PostgresBackend(ServerReadModelTables):
+class PostgresBackend(ServerReadModelTables, ServerCacheTables):
     """One psycopg connection to a store schema on a PostgreSQL server (see the module's docstring)."""
 
     checks_identity_in_write = True
@@ -411,42 +412,6 @@ class PostgresBackend(ServerReadModelTables):
             with contextlib.suppress(psycopg.Error):
                 self._listener.close()
             self._listener = None
-
-    # --- host leases (renewals write here, never to the log) ---------------------------------------
-
-    def clock_ms(self) -> int | None:
-        """The server's clock (clock_timestamp()), epoch ms: host leases expire by it, whatever the drivers'."""
-        rows = self._rows("read the server's clock", self._sql.clock)
-        return int(rows[0][0])
-
-    def host_lease(self, stream: str) -> HostLeaseRow | None:
-        """(holder, token, expires_ms) of the runner's host lease, or None; inside a write transaction it
-        is read after the head table was locked, so no other writer can change it before the commit."""
-        rows = self._rows("read the host lease", self._sql.host_lease, (stream,))
-        return (rows[0][0], int(rows[0][1]), int(rows[0][2])) if rows else None
-
-    def put_host_lease(self, stream: str, holder: str, token: int, expires_ms: int) -> None:
-        """Insert or replace the runner's host lease row (inside a write transaction)."""
-        self._rows_none("write the host lease", self._sql.put_host_lease, (stream, holder, token, expires_ms))
-
-    # --- snapshots ----------------------------------------------------------------------------------
-
-    def snapshot(self, stream: str) -> tuple[int, int, bytes, bytes] | None:
-        """(version, seq, state, event_hash) of a stream's snapshot, if any."""
-        rows = self._rows("read snapshot", self._sql.snapshot, (stream,))
-        return (rows[0][0], rows[0][1], bytes(rows[0][2]), bytes(rows[0][3])) if rows else None
-
-    def put_snapshot(self, stream: str, version: int, seq: int, state: bytes, event_hash: bytes) -> None:
-        """Insert or replace a stream's snapshot (inside a write transaction)."""
-        self._rows_none("write snapshot", self._sql.put_snapshot, (stream, version, seq, state, event_hash))
-
-    def snapshot_positions(self) -> list[tuple[str, int]]:
-        """(stream, seq) of every stored snapshot, by seq."""
-        return [(row[0], row[1]) for row in self._rows("list snapshots", self._sql.snapshot_positions)]
-
-    def clear_snapshots(self) -> None:
-        """Delete every snapshot (inside a write transaction)."""
-        self._rows_none("clear snapshots", self._sql.clear_snapshots)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run one raw statement, as `SqliteBackend.execute`: for tests and tools that reach under the store.

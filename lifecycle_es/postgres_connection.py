@@ -64,14 +64,26 @@ def open_connection(backend: PostgresBackend, *, create_missing: bool = True) ->
 
 
 def behind(backend: PostgresBackend, head_seq: int, why: str) -> StoreBehindSealError:
-    """The error of a store found without the last event `backend` knows it held (see the module's docstring)."""
+    """The error of a store found without the last event `backend` knows it held (see the module's docstring).
+
+    Opened with durability ``"normal"`` (synchronous_commit off), a server crash losing the last commits it
+    acknowledged is what the handle accepted, not a fault: the message says so, and how to go on."""
     known = backend._known[0]
-    return StoreBehindSealError(
-        f"{why}: the store in {backend.path} no longer holds seq {known} as this handle committed or read it "
-        f"(its head is seq {head_seq}), so the server lost or rewrote events (a restore of an older copy, or a "
-        "failover to a replica that had not received them). Nothing more is written through this handle: find "
-        "the copy that holds the missing events, then reopen the store",
-        sealed_seq=known, head_seq=head_seq)
+    lost = f"{why}: the store in {backend.path} no longer holds seq {known} as this handle committed or read it"
+    if backend._durability == "normal":
+        message = (
+            f"{lost}: this handle had the log up to seq {known}, and the server's head is seq {head_seq}. It was "
+            "opened with durability='normal' (synchronous_commit off), under which commits the server acknowledged "
+            "can be lost by a server crash: most likely the server crashed and lost them (else an older copy was "
+            "restored, or a replica that had not received them took over). Nothing more is written through this "
+            f"handle: reopen the store to go on from the server's head (seq {head_seq}), or open it with "
+            "durability='full' so that no commit the server acknowledged can be lost")
+    else:
+        message = (
+            f"{lost} (its head is seq {head_seq}), so the server lost or rewrote events (a restore of an older copy, "
+            "or a failover to a replica that had not received them). Nothing more is written through this handle: "
+            "find the copy that holds the missing events, then reopen the store")
+    return StoreBehindSealError(message, sealed_seq=known, head_seq=head_seq)
 
 
 def check_head(backend: PostgresBackend, seq: int, digest: bytes | None) -> None:

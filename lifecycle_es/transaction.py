@@ -8,7 +8,8 @@ batch of ``EventStore.commit``'s group commit).
 It holds the store's connection lock and the backend's write transaction from its first statement to
 the commit: decisions read state under the lock, then append, all committed together or not at all. A
 commit whose outcome is unknown (a failed fsync, a connection lost at COMMIT, the store's files changed
-while it committed) fences the store, so nothing is retried onto a log the disk may not hold.
+while it committed, Ctrl-C's KeyboardInterrupt while COMMIT ran) fences the store, so nothing is retried
+onto a log the disk may not hold.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ from .values import not_plain, safe_action, safe_id, safe_int
 
 if TYPE_CHECKING:
     from .store import EventStore
+
+
+def interrupted_commit(action: str, interrupt: BaseException) -> str:
+    """The fence's cause when an interrupt (KeyboardInterrupt, SystemExit) ended a COMMIT under way, a lone
+    command's or a batch's: no one knows whether it landed, and a retry could append the same facts twice."""
+    return (f"commit outcome unknown ({action}: its COMMIT was interrupted by {type(interrupt).__name__}, so whether "
+            "it landed is not known): reopen the store to learn whether it landed")
 
 
 class _Fencing:
@@ -105,6 +113,11 @@ class WriteTransaction:
             if error.outcome_unknown:
                 # A retry could append the same facts twice, or chain onto a batch the disk lost.
                 store.fence(f"commit outcome unknown ({error}): reopen the store to learn whether it landed")
+            raise
+        except BaseException as error:
+            if kind is None and not isinstance(error, Exception):
+                # An interrupt (a signal's KeyboardInterrupt) while the COMMIT ran: it may have landed or not.
+                store.fence(interrupted_commit(self._action, error))
             raise
         finally:
             if not committed:

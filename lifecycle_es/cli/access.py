@@ -10,11 +10,10 @@ stop a read-only open: `EventStore.schema_problems` lists it, and the audit repo
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, BinaryIO
 
 from lifecycle_es import chain
@@ -31,7 +30,6 @@ from lifecycle_es.files import (
 )
 from lifecycle_es.seal import MAX_SEAL_BYTES
 from lifecycle_es.store import EventStore
-from lifecycle_es.values import MAX_SAFE_INTEGER, shown
 
 from .exits import EXIT_DATAERR, EXIT_IOERR, EXIT_NOINPUT, EXIT_USAGE, CommandError
 
@@ -217,26 +215,3 @@ def default_seal(path: str, seal: str | None) -> str | None:
     with input_file(seal, what="seal", arg="--seal", limit=MAX_SEAL_BYTES):
         pass  # what the file is, checked here; what it holds, by the audit
     return seal
-
-
-def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
-    """An argparse type: an integer of at least `minimum` (0 for a seq, 1 for a count of workers), and at most
-    `maximum` when given, else the largest seq a store holds (`values.MAX_SAFE_INTEGER`)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{shown(text)} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is not at least {minimum}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"{shown(value)} is more than {maximum}")
-        # Refused here, naming the option, rather than deeper down as a field the command line never named
-        # (or not at all: events -n 5 --after 10**20 printed nothing).
-        if value > MAX_SAFE_INTEGER:
-            raise argparse.ArgumentTypeError(f"{shown(value)} is more than {MAX_SAFE_INTEGER}, the largest seq "
-                                             "or count a store holds")
-        return value
-
-    return parse

@@ -20,8 +20,9 @@ from typing import Any
 from lifecycle_es.auditing import audit
 from lifecycle_es.walk import MAX_JOBS
 
-from .access import default_seal, input_file, int_at_least, open_store, read_key_file, read_trust, require_file
+from .access import default_seal, input_file, open_store, read_key_file, read_trust, require_file
 from .exits import EXIT_DATAERR, EXIT_OK, EXIT_USAGE, CommandError, classify, one_line, printable
+from .options import int_at_least
 from .render import Bar, pairs
 
 

@@ -36,9 +36,9 @@ from lifecycle_es.errors import IntegrityError
 from lifecycle_es.log import RecordedEvent
 from lifecycle_es.store import EventStore
 
-from .access import int_at_least, open_store
+from .access import open_store
 from .exits import EXIT_OK, EXIT_USAGE, CommandError, json_printable, no_runner, printable
-from .options import ALL, lines, runner_id, since, when, window_order
+from .options import ALL, int_at_least, lines, runner_id, since, when, window_order
 
 MAX_FIELD_CHARS = 60
 FOLLOW_LINES = 10  # what -f alone prints before following, as journalctl -f

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from .access import read_signer, require_file
 from .exits import EXIT_FENCED, EXIT_USAGE, CommandError, no_runner
-from .options import runner_id
+from .options import int_at_least, runner_id, seconds
 
 if TYPE_CHECKING:
     from .host_log import HostLog
@@ -57,13 +57,14 @@ def register(subparsers: Any) -> None:
     host.add_argument("--user", help="systemd system scope: the user units run as (required as root)")
     host.add_argument("--group", help="systemd system scope: the group units run as (default: the user's)")
     host.add_argument("--run-root", metavar="DIR", help="where run directories go (default: the runner's base dir)")
-    host.add_argument("--stop-timeout-ms", type=int, default=30_000, metavar="MS", help="SIGTERM to SIGKILL")
-    host.add_argument("--park-threshold-ms", type=int, default=60_000, metavar="MS",
+    host.add_argument("--stop-timeout-ms", type=int_at_least(0), default=30_000, metavar="MS",
+                      help="SIGTERM to SIGKILL")
+    host.add_argument("--park-threshold-ms", type=int_at_least(0), default=60_000, metavar="MS",
                       help="a unit whose work only waits longer than this is parked (0: never)")
-    host.add_argument("--tick", type=float, default=1.0, metavar="S", help="reconcile at least this often")
-    host.add_argument("--host-lease-ttl-ms", type=int, default=15_000, metavar="MS",
+    host.add_argument("--tick", type=seconds, default=1.0, metavar="S", help="reconcile at least this often")
+    host.add_argument("--host-lease-ttl-ms", type=int_at_least(0), default=15_000, metavar="MS",
                       help="how long a host lease lives without a renewal (renewed every third of it; 15000)")
-    host.add_argument("--host-lease-grace-ms", type=int, default=2_000, metavar="MS",
+    host.add_argument("--host-lease-grace-ms", type=int_at_least(0), default=2_000, metavar="MS",
                       help="after taking over, wait the old lease's expiry plus this before touching units (2000)")
     host.add_argument("--no-wait", action="store_true",
                       help="exit 76 when another live driver holds a runner's host lease, instead of standing by")
@@ -188,9 +189,9 @@ def _pinger(notifier: Any) -> Any:
 def _add_checkpoint_options(host: Any) -> None:
     host.add_argument("--sign", metavar="KEY", help="sign checkpoints of the log with this private key "
                                                     "(lifecycle-es keygen), appended to FILE.checkpoints")
-    host.add_argument("--checkpoint-every", type=int, metavar="N",
+    host.add_argument("--checkpoint-every", type=int_at_least(1), metavar="N",
                       help="with --sign: sign once N events were appended since the last (default 1000)")
-    host.add_argument("--checkpoint-seconds", type=float, metavar="T",
+    host.add_argument("--checkpoint-seconds", type=seconds, metavar="T",
                       help="with --sign: sign once T seconds passed since the last, if the log moved (default 60)")
     host.add_argument("--checkpoints", metavar="CP", help="with --sign: the checkpoint file (default FILE.checkpoints)")
 

@@ -24,8 +24,9 @@ from lifecycle_es.backends import is_url
 from lifecycle_es.store import EventStore
 from lifecycle_es.walk import MAX_JOBS
 
-from .access import int_at_least, open_store, read_key_file, read_signer, require_file
+from .access import open_store, read_key_file, read_signer, require_file
 from .exits import EXIT_OK, EXIT_USAGE, CommandError, printable
+from .options import int_at_least
 from .render import Bar
 
 

@@ -22,15 +22,18 @@ from prometheus_client.registry import Collector
 
 from lifecycle_es.errors import InvalidInputError
 
+from .options import ascii_int
+
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 def parse_address(text: str) -> tuple[str, int]:
     """``HOST:PORT`` as (host, port); InvalidInputError naming ``--metrics`` otherwise."""
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    number = ascii_int(port)
+    if not host or number is None or not 0 < number < 65536:
         raise InvalidInputError("--metrics", f"--metrics must be ADDR:PORT (e.g. 127.0.0.1:9464), got {text!r}")
-    return host.strip("[]"), int(port)
+    return host.strip("[]"), number
 
 
 class _Leases(Collector):

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import socket
 
+from .options import ascii_int
+
 
 class Notifier:
     """Sends notify messages to the socket systemd gave this service."""
@@ -35,8 +37,8 @@ class Notifier:
             return None
         usec: int | None = None
         pid = env.get("WATCHDOG_PID")
-        if env.get("WATCHDOG_USEC", "").isdigit() and (pid is None or pid == str(os.getpid())):
-            usec = int(env["WATCHDOG_USEC"]) or None
+        if pid is None or pid == str(os.getpid()):
+            usec = max(ascii_int(env.get("WATCHDOG_USEC", "")) or 0, 0) or None
         return cls(address, usec)
 
     def watchdog_interval(self) -> float | None:

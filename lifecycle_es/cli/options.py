@@ -2,18 +2,33 @@
 
 ``-r/--runner R`` is a runner id, refused as bad usage (64) before any file is opened when it cannot
 be one; ``--since/--until T`` is an ISO-8601 time, UTC unless it names an offset (`since`, `when`);
-``-n/--lines N`` is a count of events or ``all``.
+``-n/--lines N`` is a count of events or ``all``. Every number the command line reads goes through
+`integer` or `seconds`: ASCII digits only, as a person types them (Python's ``int`` and ``float`` also
+take other scripts' digits, Arabic-Indic or full-width ones, underscores and spaces, which no option means).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+from collections.abc import Callable
 from datetime import datetime
 
 from lifecycle_es.canonical import iso_ms, parse_iso_ms
-from lifecycle_es.values import safe_id
+from lifecycle_es.values import MAX_SAFE_INTEGER, safe_id, shown
 
-__all__ = ["ALL", "lines", "runner_id", "since", "when", "window_order"]
+__all__ = [
+    "ALL",
+    "ascii_int",
+    "int_at_least",
+    "integer",
+    "lines",
+    "runner_id",
+    "seconds",
+    "since",
+    "when",
+    "window_order",
+]
 
 ALL = -1  # what ``-n all`` parses to: no limit
 
@@ -81,10 +96,64 @@ def lines(text: str) -> int:
     """An argparse type: a count of events (0 or more), or ``all`` (`ALL`) for no limit."""
     if text.strip().lower() == "all":
         return ALL
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:64]!r} is not a count of events (a number, or 'all')") from None
+    value = integer(text, "a count of events (a number, or 'all')")
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is not a count of events (0 or more, or 'all')")
     return value
+
+
+# A '-' is read so that a negative number is refused by its bound ("-1 is not at least 1"), not as no number.
+_INTEGER = re.compile(r"-?[0-9]+")
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
+# More digits than any bound here has: refused by the bound without making the int (Python will not make
+# one of over 4300 digits from text).
+_MAX_DIGITS = 30
+_PAST_EVERY_BOUND: int = 10**_MAX_DIGITS
+
+
+def ascii_int(text: str) -> int | None:
+    """`text` as an int when it is ASCII digits (a leading '-' allowed), else None: the one reading of a
+    number the command line is given. More than 30 digits read as 10**30 (or its negative): past every bound."""
+    if _INTEGER.fullmatch(text) is None:
+        return None
+    if len(text.lstrip("-")) > _MAX_DIGITS:
+        return -_PAST_EVERY_BOUND if text.startswith("-") else _PAST_EVERY_BOUND
+    return int(text, 10)
+
+
+def integer(text: str, what: str = "an integer") -> int:
+    """`ascii_int` for argparse: argparse.ArgumentTypeError saying `text` is not `what` when it is None."""
+    value = ascii_int(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not {what}: write it in the digits 0-9")
+    return value
+
+
+def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an `integer` of at least `minimum` (0 for a seq, 1 for a count of workers), and at
+    most `maximum` when given, else the largest seq a store holds (`values.MAX_SAFE_INTEGER`)."""
+
+    def parse(text: str) -> int:
+        value = integer(text)
+        shown_value = shown(value) if len(text.lstrip("-")) <= _MAX_DIGITS else shown(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{shown_value} is not at least {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{shown_value} is more than {maximum}")
+        # Refused here, naming the option, rather than deeper down as a field the command line never named
+        # (or not at all: events -n 5 --after 10**20 printed nothing).
+        if value > MAX_SAFE_INTEGER:
+            raise argparse.ArgumentTypeError(f"{shown_value} is more than {MAX_SAFE_INTEGER}, the largest seq "
+                                             "or count a store holds")
+        return value
+
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds, 0 or more, in ASCII digits with an optional fraction (``0.2``);
+    argparse.ArgumentTypeError otherwise. Its bounds are the option's own, checked where it is used."""
+    if len(text) > 64 or _DECIMAL.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds: write it in the digits 0-9, "
+                                         "with a '.' before a fraction")
+    return float(text)

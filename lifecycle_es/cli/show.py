@@ -18,8 +18,9 @@ import argparse
 import json
 from typing import Any
 
-from .access import int_at_least, open_store, read_key_file
+from .access import open_store, read_key_file
 from .exits import EXIT_OK, no_runner, printable
+from .options import int_at_least
 from .options import runner_id as runner_arg
 from .render import Bar, pairs, short, table
 

@@ -25,9 +25,9 @@ from lifecycle_es.errors import LifecycleError
 from lifecycle_es.log import RecordedEvent
 from lifecycle_es.store import PAGE, EventStore
 
-from .access import int_at_least, open_store
+from .access import open_store
 from .exits import EXIT_DATAERR, EXIT_OK, EXIT_USAGE, CommandError, no_runner, one_line
-from .options import runner_id, since, when, window_order
+from .options import int_at_least, runner_id, since, when, window_order
 
 DEFAULT_LAST = 50  # as projections.timeline.DEFAULT_LAST, without importing projections to build the parser
 

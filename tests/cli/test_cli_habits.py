@@ -129,6 +129,52 @@ def test_a_time_outside_the_years_iso_8601_spells_is_bad_usage_naming_its_option
     assert not out.exists()
 
 
+# Every number an option takes, with what makes the command reach it: Python's int() and float() also read
+# other scripts' digits, underscores, spaces and a '+', which the command line must not take for a number.
+NUMBER_OPTIONS = [
+    ("events", "--after"), ("events", "-n"), ("show", "--at"), ("timeline", "-n", "-o", "OUT"),
+    ("audit", "--jobs"), ("rebuild", "--jobs"), ("host", "--stop-timeout-ms", "-r", "runner-0"),
+    ("host", "--park-threshold-ms", "-r", "runner-0"), ("host", "--host-lease-ttl-ms", "-r", "runner-0"),
+    ("host", "--host-lease-grace-ms", "-r", "runner-0"), ("host", "--checkpoint-every", "--sign", "KEY"),
+    ("host", "--tick", "-r", "runner-0"), ("host", "--checkpoint-seconds", "--sign", "KEY"),
+]
+NOT_ASCII_NUMBERS = ["\u0663", "\uff13", "\u0968", "1_0", " 3", "3 ", "+3", "3\n", "\u0663\u202e"]
+
+
+@pytest.mark.parametrize("value", NOT_ASCII_NUMBERS, ids=ascii)
+@pytest.mark.parametrize("argv", NUMBER_OPTIONS, ids=" ".join)
+def test_a_number_not_in_ascii_digits_is_bad_usage_naming_its_option_and_value(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], value: str) -> None:
+    from lifecycle_es.cli import main
+
+    command, option, *rest = argv
+    out = tmp_path / "out.svg"
+    # No store: a number taken would go on to open it (exit 66), or serve it.
+    args = [command, str(tmp_path / "absent.db"), option, value, *(str(out) if a == "OUT" else a for a in rest)]
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    err = capsys.readouterr().err
+    assert exited.value.code == 64, err
+    # The option by its names, the value as repr shows it (a bidi override escaped), and what to write.
+    named = rf"error: argument (\S+/)?{re.escape(option)}(/\S+)?: {re.escape(repr(value))} is not .*digits 0-9"
+    assert re.search(named, err) and "\u202e" not in err, err
+    assert not out.exists() and not (tmp_path / "absent.db").exists()
+
+
+def test_the_metrics_port_and_the_watchdog_take_ascii_digits_only() -> None:
+    from lifecycle_es.cli.metrics import parse_address
+    from lifecycle_es.cli.notify import Notifier
+    from lifecycle_es.errors import InvalidInputError
+
+    assert parse_address("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    for port in ("\u0669\u0664\u0666\u0664", "\u00b2", "+9464", "9_464", "-1", "0", "65536"):
+        with pytest.raises(InvalidInputError, match="--metrics must be ADDR:PORT"):
+            parse_address(f"127.0.0.1:{port}")
+    for usec in ("\u0664000000", "\u00b2", "+4000000", "-4000000", "4_000_000"):
+        notifier = Notifier.from_environment({"NOTIFY_SOCKET": "/run/n", "WATCHDOG_USEC": usec})
+        assert notifier is not None and notifier.watchdog_interval() is None, usec
+
+
 def test_a_seq_that_is_no_number_is_shown_cut_short(fleet_log: FleetLog) -> None:
     done = run("show", fleet_log[0], "--at", "9" * 5000 + "x")
     assert done.returncode == 64 and "error: argument --at: '99999" in done.stderr

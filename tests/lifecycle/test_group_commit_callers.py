@@ -17,7 +17,7 @@ import pytest
 from holding import Held
 from waiting import wait_child, wait_for
 
-from lifecycle_es import EventStore, RunnerLifecycle, StoreBusyError, StoreError, StoreIOError
+from lifecycle_es import EventStore, RunnerLifecycle, StoreBusyError, StoreError, StoreFencedError, StoreIOError
 from lifecycle_es.events import ReclaimCompleted
 from lifecycle_es.receipts import RunnerSnapshot
 from lifecycle_es.store import WriteTransaction
@@ -173,3 +173,58 @@ def test_a_child_forked_inside_a_work_never_ends_the_parents_transaction(store_t
         assert [(recorded.stream, recorded.type) for recorded in reopened.read()] == [
             ("forking", "ReclaimCompleted"), *[("next", "ReclaimCompleted")] * batch]
         reopened.verify()
+
+
+RECLAIMED = ReclaimCompleted(generation=2)
+
+
+def appends(tx: WriteTransaction) -> None:
+    """A lone command's work: one event on runner-a's stream."""
+    tx.append_unchecked("runner-a", [RECLAIMED])
+
+
+def alone(store: EventStore, via: str, action: str, work: Callable[[WriteTransaction], None]) -> None:
+    """`work` as a lone command: through `commit` (a batch of one) or a `transaction` of its own."""
+    if via == "commit":
+        store.commit(action, work)
+    else:
+        with store.transaction(action) as tx:
+            work(tx)
+
+
+@pytest.mark.parametrize("via", ["commit", "transaction"])
+def test_an_interrupt_in_a_lone_commands_commit_fences_the_store_as_in_a_batch(tmp_path: Path, via: str) -> None:
+    # Ctrl-C while a lone command's COMMIT runs: whether it landed is unknown, as in a batch's commit
+    # (``test_group_commit.py``), so the store is fenced and the interrupt still reaches the caller. SQLite's
+    # WAL hook raises it inside the COMMIT (a server runs no Python there).
+    path = str(tmp_path / "events.db")
+
+    def after_commit(conn: Any, name: str, pages: int) -> int:
+        raise Interrupted  # SQLite calls it once the commit is in the WAL
+
+    with EventStore.open(path, now=FakeClock()) as store:
+        store.backend.conn.set_wal_hook(after_commit)  # type: ignore[attr-defined]
+        with pytest.raises(Interrupted):
+            alone(store, via, "appends", appends)
+        store.backend.conn.set_wal_hook(None)  # type: ignore[attr-defined]
+        cause = store.fenced
+        assert cause is not None and "appends" in cause and "Interrupted" in cause, cause
+        assert "outcome unknown" in cause and "reopen the store" in cause, cause
+        with pytest.raises(StoreFencedError):
+            store.append_unchecked("runner-b", [RECLAIMED])
+    with EventStore.open(path) as reopened:  # it had landed: reopening is how to learn it
+        assert [(recorded.stream, recorded.type) for recorded in reopened.read()] == [("runner-a", "ReclaimCompleted")]
+
+
+@pytest.mark.parametrize("via", ["commit", "transaction"])
+def test_an_interrupt_in_a_lone_commands_work_rolls_back_and_fences_nothing(tmp_path: Path, via: str) -> None:
+    def interrupted(tx: WriteTransaction) -> None:
+        appends(tx)
+        raise Interrupted  # before COMMIT begins: nothing of it commits
+
+    with EventStore.open(tmp_path / "events.db", now=FakeClock()) as store:
+        with pytest.raises(Interrupted):
+            alone(store, via, "interrupted", interrupted)
+        assert store.fenced is None and store.streams() == []
+        store.append_unchecked("runner-b", [RECLAIMED])
+        assert store.streams() == ["runner-b"]

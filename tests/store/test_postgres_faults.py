@@ -111,6 +111,47 @@ def test_a_reconnect_that_finds_the_store_gone_fences_and_makes_no_store(pg_serv
         assert conn.execute("SELECT to_regnamespace(%s)", (schema,)).fetchone() == (None,)
 
 
+def lose_after(server: Server, schema: str, keep: int) -> None:
+    """The events after seq `keep` gone, and the head back at it, as a crash of a server that had not yet
+    flushed their commits (synchronous_commit off) leaves the store."""
+    with psycopg.connect(server.conninfo(), autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {schema}.events DISABLE TRIGGER events_no_change")  # type: ignore[arg-type]
+        conn.execute(f"DELETE FROM {schema}.events WHERE seq > %s", (keep,))  # type: ignore[arg-type]
+        conn.execute(f"ALTER TABLE {schema}.events ENABLE TRIGGER events_no_change")  # type: ignore[arg-type]
+        conn.execute(f"UPDATE {schema}.head SET (seq, hash, at) = (SELECT seq, hash, at FROM "  # type: ignore[arg-type]
+                     f"{schema}.events WHERE seq = %s)", (keep,))
+
+
+@pytest.mark.parametrize("durability", ["normal", "full"])
+def test_commits_a_crash_lost_fence_the_handle_saying_what_its_durability_allowed(pg_server: Server, schema: str,
+                                                                                durability: str) -> None:
+    # Under durability='normal' a server crash may lose the last commits it acknowledged: expected, and the
+    # handle's reconnect finds the head behind what it had. The fence says that this is what 'normal' allows,
+    # what the handle had and the server has, and how to go on; under 'full' no acknowledged commit is lost,
+    # so the same finding is a restore or a failover to investigate.
+    with EventStore.open(pg_server.url(schema), durability=durability) as store:
+        for generation in (1, 2, 3):
+            store.append_unchecked("a", [event(generation)])
+        lose_after(pg_server, schema, 1)
+        terminate(pg_server, store)  # the crash ended its connection: the next write reconnects
+        with pytest.raises(StoreBehindSealError) as behind:
+            store.append_unchecked("a", [event(4)])
+        message = str(behind.value)
+        assert (behind.value.sealed_seq, behind.value.head_seq) == (3, 1)
+        assert store.fenced is not None and count(pg_server, schema) == 1
+        if durability == "normal":
+            for said in ("durability='normal'", "can be lost by a server crash", "had the log up to seq 3",
+                         "the server's head is seq 1", "reopen the store to go on from the server's head (seq 1)",
+                         "durability='full'"):
+                assert said in message, message
+            assert "find the copy" not in message
+        else:
+            assert "find the copy that holds the missing events" in message and "durability" not in message
+    with EventStore.open(pg_server.url(schema), durability=durability) as reopened:  # what the advice says works
+        assert reopened.append_unchecked("a", [event(4)])[0].seq == 2
+        assert reopened.verify().events == 2
+
+
 # --- a store restored under an open connection -----------------------------------------------------------------
 
 
