@@ -96,8 +96,8 @@ def links(prev: bytes, seq: int, stream: str, version: int, at: str, events: Seq
             head = heads.get(type_)
             if head is None:
                 type_b = type_.encode()
-                head = heads[type_] = (
-                    struct.Struct(">QQ%dsQQ%dsQ%dsQ" % (stream_n, len(type_b), at_n)).pack, type_b, len(type_b))  # noqa: UP031
+                lengths = (stream_n, len(type_b), at_n)
+                head = heads[type_] = ((_HEADS.get(lengths) or frame_head(lengths)).pack, type_b, lengths[1])
             pack, type_b, type_n = head
             hasher = new(EVENT_DOMAIN + last + pack(position, stream_n, stream_b, number, type_n, type_b, at_n, at_b,
                                                     len(body)))
