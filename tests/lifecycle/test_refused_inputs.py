@@ -309,7 +309,8 @@ def test_runner_lifecycle_constructor_refuses_bad_input(rig: Rig, data: st.DataO
         "now": NOT_CALLABLE,
         "random_id": NOT_CALLABLE,
         "preflight_base_dir": NOT_CALLABLE,
-        "snapshot_every": plain(bad_ints(1)),
+        # None is the size-aware default interval, so it is the one non-int snapshot_every accepts.
+        "snapshot_every": plain(bad_ints(1).filter(lambda value: value is not None)),
     })
 
 
@@ -564,8 +565,9 @@ def test_the_rig_accepts_its_valid_arguments(rig: Rig) -> None:
                                                  proxy_authority=proxy).runner_generation == 1
     profile = msgspec.to_builtins(lifecycle_profile_from_lease(rig.receipt))
     assert assert_lease_authority(profile, "local", now=rig.clock).lease_id == lease.id
-    RunnerLifecycle(rig.store, **rig.options(), random_id=lambda: "0001", preflight_base_dir=lambda path: None,
-                    snapshot_every=64)
+    for every in (64, None):
+        RunnerLifecycle(rig.store, **rig.options(), random_id=lambda: "0001", preflight_base_dir=lambda path: None,
+                        snapshot_every=every)
     EventStore.open(rig.path, key=None, durability="full", busy_timeout_ms=5_000, now=None, vfs=None, seal=None,
                     read_only=False).close()
     assert Resources(cpu_seconds=600, memory_bytes=GIB).cpu_seconds == 600
