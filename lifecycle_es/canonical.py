@@ -208,19 +208,16 @@ def timestamp(value: object, field: str) -> str:
     if type(value) is str:
         if value in KNOWN_TIMES:
             return value
-        text = _text_timestamp(value, field)
-        if text == value:
-            _know(value)
-        return text
+        # A string already in the canonical spelling is its own normal form: `canonical_ms` proves it without
+        # the parse and format `_timestamp` costs (a replay meets each proxy authority's new times here).
+        millis = canonical_ms(value)
+        if millis is not None:
+            if len(KNOWN_TIMES) >= _PARSED_CACHE:
+                KNOWN_TIMES.clear()
+            KNOWN_TIMES[value] = millis
+            return value
+        return _text_timestamp(value, field)
     return _timestamp(value, field)
-
-
-def _know(text: str) -> None:
-    millis = canonical_ms(text)
-    if millis is not None:
-        if len(KNOWN_TIMES) >= _PARSED_CACHE:
-            KNOWN_TIMES.clear()
-        KNOWN_TIMES[text] = millis
 
 
 def _timestamp(value: object, field: str) -> str:

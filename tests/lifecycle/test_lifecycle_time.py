@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import projections
-from lifecycle_es import AuthorityError, EventStore, IntegrityError, RunnerLifecycle
-from lifecycle_es.canonical import MAX_EPOCH_MS, canonical_ms, iso_ms, parse_iso_ms
+from lifecycle_es import AuthorityError, EventStore, IntegrityError, InvalidInputError, RunnerLifecycle
+from lifecycle_es.canonical import KNOWN_TIMES, MAX_EPOCH_MS, canonical_ms, iso_ms, parse_iso_ms, timestamp
 from lifecycle_es.events import LeaseSettled, UnitStarting
 from lifecycle_es.replay import load
 from lifecycle_es.testing import RUNNER_DEFAULTS, START_MS, FakeClock, SequentialIds
@@ -164,3 +164,26 @@ def test_canonical_ms_refuses_every_other_spelling(millis: int, position: int, p
     assert canonical_ms(edited) == _spelled_canonically(edited)
     for other in (text.replace("Z", "+00:00"), text.lower(), text[:-1], text + " ", text.replace("T", " ")):
         assert canonical_ms(other) is None
+
+
+@given(st.integers(min_value=0, max_value=MAX_EPOCH_MS), st.integers(min_value=0, max_value=23),
+       st.text(alphabet="0123456789:.-+TZz \u0663\uff10", max_size=3))
+def test_timestamp_keeps_a_canonical_time_and_respells_any_other(millis: int, position: int, patch: str) -> None:
+    text = iso_ms(millis)
+    edited = text[:position] + patch + text[position + len(patch) or position + 1:]
+    KNOWN_TIMES.pop(edited, None)
+    canonical = _spelled_canonically(edited)
+    if canonical is not None:
+        assert timestamp(edited, "at") is edited
+        assert KNOWN_TIMES[edited] == canonical
+        return
+    try:
+        moment = parse_iso_ms(edited) if edited.isascii() and len(edited) <= 64 else None
+    except (ValueError, OverflowError):
+        moment = None
+    if moment is not None and 0 <= moment <= MAX_EPOCH_MS:
+        assert timestamp(edited, "at") == iso_ms(moment)
+    else:
+        with pytest.raises(InvalidInputError):
+            timestamp(edited, "at")
+    assert edited not in KNOWN_TIMES
