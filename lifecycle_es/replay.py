@@ -15,9 +15,10 @@ at that event's seq.
 
 from __future__ import annotations
 
+import bisect
 import hmac
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -32,6 +33,10 @@ from .runner import RULES, STATES, start, step, step_timed
 from .state import RunnerState, decode_state, encode_state, index_of
 from .store import EventStore
 from .values import MAX_SAFE_INTEGER
+
+# Each event class's tag and the rule a replay calls for it directly (None: through `step_timed`), in one look-up.
+_TAG_AND_RULE: dict[type[Event], tuple[str, Callable[[RunnerDraft, Any, int, str], None] | None]] = {
+    cls: (tag, RULES.get(cls)) for cls, tag in TAG_OF.items()}
 
 
 class Folded(NamedTuple):
@@ -192,8 +197,9 @@ class Fold:
             event = decode_body(body)
         except (msgspec.DecodeError, msgspec.ValidationError, TypeError):
             event = decode_recorded(seq, stream, type_, body)
-        if TAG_OF[type(event)] != type_:
-            event = decode_recorded(seq, stream, type_, body)
+        tag, rule = _TAG_AND_RULE[type(event)]
+        if tag != type_:
+            event = decode_recorded(seq, stream, type_, body)  # raises: it names the row and both tags
         draft = self._draft
         # The hot path of every replay, `_step` and `step_timed` spelled out: a time that is canonical and
         # not before the runner's last one is proved here once, and the event's rule is called directly
@@ -201,7 +207,8 @@ class Fold:
         if draft is not None and self.steps != _KEY_AFTER:
             at_ms = canonical_ms(at)
             if at_ms is not None and at >= draft.last_at:
-                rule = RULES.get(type(event)) if draft.pending_park is None else None
+                if draft.pending_park is not None:
+                    rule = None
                 try:
                     if rule is None:
                         step_timed(draft, event, at_ms, at)
@@ -276,9 +283,11 @@ def fold_log(store: EventStore, *, until_seq: int | None = None,
     folds: dict[str, Fold] = {}
     get = folds.get
     for rows in log_pages(store):
+        # Rows come in seq order: the page that passes `until_seq` is cut there, and is the last.
+        last = False
+        if until_seq is not None and rows[-1][0] > until_seq:
+            rows, last = rows[:bisect.bisect_right(rows, until_seq, key=_seq_of)], True
         for row in rows:
-            if until_seq is not None and row[0] > until_seq:
-                return folds
             folding = get(row[1])
             if folding is None:
                 folding = folds[row[1]] = Fold()
@@ -288,9 +297,15 @@ def fold_log(store: EventStore, *, until_seq: int | None = None,
                 raise
             except Exception as exc:
                 raise unforeseen(row, exc) from None
+        if last:
+            return folds
         if progress is not None:
             progress(rows[-1][0])
     return folds
+
+
+def _seq_of(row: Row) -> int:
+    return row[0]
 
 
 def check_events(store: EventStore, stream: str, events: Sequence[Event], *, version: int, seq: int,

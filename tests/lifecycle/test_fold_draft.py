@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from lifecycle_es import IntegrityError, LifecycleError, RunnerCapacityError
 from lifecycle_es import runner as rules
 from lifecycle_es.canonical import iso_ms, parse_iso_ms
+from lifecycle_es.draft import thaw
 from lifecycle_es.events import (
     FENCED_EVENTS,
     Event,
@@ -179,6 +180,33 @@ def test_a_full_runner_of_active_leases_refuses_another_in_both_ways(capacity_4:
     assert isinstance(applied, RunnerCapacityError)
     assert isinstance(folded, IntegrityError) and folded.seq == len(events)
     assert str(applied) in str(folded)
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=12), st.integers(0, 14))
+def test_keeping_the_last_leases_counts_alike_in_both_ways(settled: list[bool], count: int) -> None:
+    # A reclaim keeps the last leases of a parked runner; a draft of any state, active leases and shared
+    # sessions included, must keep the same leases and count them afresh either way.
+    events: list[Event] = [INITIALIZED]
+    for n, ended in enumerate(settled, 1):
+        events.append(LeaseAcquired(lease_id=f"lease-{n}", session_id=f"session-{n % 3}-{n if ended else 0}",
+                                    lease_generation=1, issued_at=iso_ms(AT), expires_at=iso_ms(AT + 10_000),
+                                    proxy_authority=PROXY))
+        if ended:
+            events.append(settle(n))
+    state = None
+    for event in events:
+        try:
+            state = apply(state, event, AT, iso_ms(AT))
+        except LifecycleError:  # a session that already holds an active lease: that grant is left out
+            continue
+    assert state is not None
+    kept = []
+    for keyed in (True, False):
+        draft = thaw(state, keyed=keyed)
+        draft.keep_last(count)
+        kept.append(draft.freeze())
+    assert_same(kept[0], kept[1])
+    assert kept[0].leases == (state.leases[-count:] if count else state.leases)
 
 
 # --- a state with duplicate lease ids keeps the old scanning semantics --------------------------------
