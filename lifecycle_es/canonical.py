@@ -157,22 +157,46 @@ _SECONDS: dict[str, int] = {}
 
 def _canonical_seconds(prefix: str) -> int:
     """Epoch milliseconds of the second ``YYYY-MM-DDTHH:MM:SS`` when it is spelled as `iso_ms` spells that
-    second, else -1; remembered in `_SECONDS`."""
+    second, else -1; remembered in `_SECONDS`.
+
+    A log's seconds share their minute with their neighbours: the minute ``YYYY-MM-DDTHH:MM:`` is proved
+    once (`_MINUTES`) and the second's ``SS`` is one look-up among the sixty spellings there are.
+    """
+    minute = _MINUTES.get(prefix[:17])
+    if minute is None:
+        minute = _canonical_minute(prefix[:17])
+    offset = _SECOND_OF_MINUTE.get(prefix[17:])
+    second = minute + offset if minute >= 0 and offset is not None else -1
+    if len(_SECONDS) >= _PARSED_CACHE:
+        _SECONDS.clear()
+    _SECONDS[prefix] = second
+    return second
+
+
+# ``SS`` for every second of a minute, with its milliseconds (no leap second: `iso_ms` never spells one).
+_SECOND_OF_MINUTE = {f"{second:02d}": second * 1000 for second in range(60)}
+# ``YYYY-MM-DDTHH:MM:`` prefixes proved, with the epoch milliseconds of their minute (-1: not `iso_ms`'s
+# spelling of a minute between 1970 and 9999); emptied when full.
+_MINUTES: dict[str, int] = {}
+
+
+def _canonical_minute(prefix: str) -> int:
+    """Epoch milliseconds of the minute ``YYYY-MM-DDTHH:MM:`` when `iso_ms` spells it so, else -1; remembered."""
     try:
-        moment = datetime.fromisoformat(prefix + "+00:00")
+        moment = datetime.fromisoformat(prefix + "00+00:00")
     except ValueError:
         seconds = -1
     else:
         delta = moment - _EPOCH
         seconds = delta.days * 86_400 + delta.seconds
         # The spelling checked against the parsed moment's own (a strftime costs several times this).
-        if not 0 <= seconds <= MAX_EPOCH_MS // 1000 or delta.microseconds or moment.isoformat()[:19] != prefix:
+        if not 0 <= seconds <= MAX_EPOCH_MS // 1000 or moment.isoformat()[:17] != prefix:
             seconds = -1
-    second = seconds * 1000 if seconds >= 0 else -1
-    if len(_SECONDS) >= _PARSED_CACHE:
-        _SECONDS.clear()
-    _SECONDS[prefix] = second
-    return second
+    minute = seconds * 1000 if seconds >= 0 else -1
+    if len(_MINUTES) >= _PARSED_CACHE:
+        _MINUTES.clear()
+    _MINUTES[prefix] = minute
+    return minute
 
 
 def parse_iso_ms(value: str) -> int:
