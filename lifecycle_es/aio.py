@@ -13,7 +13,8 @@
 The event loop never waits on the disk or on a lock: every call that reads or writes runs in a
 thread of the store's own pool (`threads` of them, 64 by default: the default executor's handful
 would cap how many commands can wait for one commit), and the commands of concurrent tasks meet in
-the store's group commit, so 64 tasks' commands share a few transactions, not 64 fsyncs in a row.
+the store's group commit, so 64 tasks' commands share a few transactions, not 64 fsyncs in a row;
+the outcomes of calls that end together (a batch's commands) reach the loop in one wake-up.
 Arguments are checked as the synchronous API checks them, with the same errors, raised from the
 await. A cancelled await does not stop a command already running in a thread: it may still commit,
 as a command whose reply was lost would; one still waiting for a free thread never runs. In a process
@@ -23,9 +24,11 @@ forked from the one that opened it, the store gets threads of its own, and every
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import itertools
 import os
+import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +69,7 @@ class AsyncEventStore:
         self._closed = False
         self._threads = safe_int(threads, "threads", 1, 1024)
         self._pool = self._new_pool()
+        self._replies: _Replies | None = None
         _OPEN.add(self)
 
     @classmethod
@@ -106,7 +110,17 @@ class AsyncEventStore:
             # The pool is shut down: its RuntimeError would be no LifecycleError, and say nothing of the store.
             raise StoreError(f"the store {self.store.path!r} was closed: open it again to use it")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, _called, call, args, kwargs)
+        replies = self._replies
+        if replies is None or replies.loop is not loop:
+            replies = self._replies = _Replies(loop)
+        done = self._pool.submit(_called, call, args, kwargs)
+        reply: asyncio.Future[T] = loop.create_future()
+        done.add_done_callback(lambda _: replies.put(reply, done))
+        try:
+            return await reply
+        except asyncio.CancelledError:
+            done.cancel()  # a call still waiting for a thread never runs; one running goes on
+            raise
 
     async def close(self) -> None:
         """Wait for the calls in flight, then close the store (in a thread); later calls raise StoreError.
@@ -236,6 +250,45 @@ class _Opening:
             self.store.close()
 
 
+class _Replies:
+    """What the store's threads hand back to one event loop: the outcomes of the calls that end together (a
+    batch's commands do) reach the loop in one wake-up, not one each, which would take the GIL from the
+    writer once per command. `put` runs in the thread that ran the call; the loop sets each awaited future."""
+
+    __slots__ = ("lock", "loop", "ready")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()  # held for an append or a swap, never across a wait
+        self.ready: list[tuple[asyncio.Future[Any], concurrent.futures.Future[Any]]] = []
+
+    def put(self, reply: asyncio.Future[Any], done: concurrent.futures.Future[Any]) -> None:
+        with self.lock:
+            self.ready.append((reply, done))
+            if len(self.ready) > 1:
+                return  # a wake-up is on its way and hands this one over too
+        try:
+            self.loop.call_soon_threadsafe(self._hand_over)
+        except RuntimeError:  # the loop is closed: no one awaits these any more
+            with self.lock:
+                self.ready.clear()
+
+    def _hand_over(self) -> None:
+        with self.lock:
+            ready, self.ready = self.ready, []
+        for reply, done in ready:
+            if reply.done():
+                continue  # its await was cancelled
+            if done.cancelled():
+                reply.cancel()
+                continue
+            error = done.exception()
+            if error is None:
+                reply.set_result(done.result())
+            else:
+                reply.set_exception(error)
+
+
 def _called(call: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
     """`call(*args, **kwargs)`, its StopIteration raised as a RuntimeError: asyncio refuses StopIteration into a
     future, which would then never end, and its await with it (as a generator turns one into RuntimeError)."""
@@ -255,6 +308,7 @@ def _in_child() -> None:
     # them busy at the fork, a call queued there would wait for ever instead of reaching the store's fence.
     for store in list(_OPEN):
         store._pool = store._new_pool()
+        store._replies = None  # its lock may have been held by a thread the child does not have
 
 
 os.register_at_fork(after_in_child=_in_child)
