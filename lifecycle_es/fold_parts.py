@@ -5,7 +5,9 @@ process folds share 0 while a worker process (``lifecycle_es.workers``, `walk.wa
 share, each in a read transaction of its own, reading only its own runners' rows up to the head (all rows
 when the runners could not be counted). Each replays its runners through the rules alone, as
 `replay.fold_log` does: none checks the chain, the seqs or the versions (a rebuild trusts the log's bytes;
-the audit is what proves them), so that the rebuild refuses just what one process refuses.
+the audit is what proves them), so that the rebuild refuses just what one process refuses. With `checked`
+(a keyed store's rebuild, which tags what it folds with the key) each walker also proves its range of the
+chain (`walk.split`'s ranges, as the audit's walkers do), seqs and versions included.
 
     ends = fold_in_parts(store, head=store.head().seq, jobs=2)   # {runner: (state, version, seq)}
 """
@@ -16,25 +18,28 @@ from collections.abc import Callable
 
 from .errors import IntegrityError
 from .store import EventStore
-from .walk import Streams, counted, owners, received, reopened, walk
+from .walk import Streams, counted, owners, received, reopened, split, walk
 from .workers import WorkerError, Workers
 
 
 def fold_in_parts(store: EventStore, *, head: int, jobs: int,
-                  progress: Callable[[int], None] | None = None) -> Streams:
+                  progress: Callable[[int], None] | None = None, checked: bool = False) -> Streams:
     """Every runner's (state, version, seq of its last event) at `head`, folded by `jobs` processes: this one
     and ``jobs - 1`` workers reading the store at ``store.path``. IntegrityError at the lowest seq any of them
     found the log broken; WorkerError when a worker could not read it. `progress`: called with the seq the
-    slowest walker got through."""
+    slowest walker got through. `checked`: the chain, seqs and versions proven too (see the module docstring),
+    by ``len(split(head, jobs))`` walkers, one a range."""
+    # Unchecked, an empty chain range (1, 0): no seq to check, so each walker reads only its own runners' rows.
+    ranges = (split(head, jobs) or [(1, 0)]) if checked else [(1, 0)] * jobs
+    jobs = len(ranges)
     owned = owners(counted(store), jobs)
-    # An empty chain range (1, 0): no seq to check, so each walker reads only its own runners' rows.
-    calls = [(reopened(store), store._key, head, 1, 0, part, jobs, None, (), owned, store.backend.identity, False)
-             for part in range(1, jobs)]
+    calls = [(reopened(store), store._key, head, first, last, part, jobs, None, (), owned, store.backend.identity,
+              checked) for part, (first, last) in enumerate(ranges)][1:]
     with Workers("lifecycle_es.walk:walk_share", calls, progress=progress) as workers:
         workers.begin()
         tell = (lambda rows: progress(min(rows, workers.poll()))) if progress is not None else None
-        here = walk(store, store._key, head=head, chain_range=(1, 0), share=(0, jobs), position=None,
-                    snapshot_seqs=(), progress=tell, owned=owned, checked=False)
+        here = walk(store, store._key, head=head, chain_range=ranges[0], share=(0, jobs), position=None,
+                    snapshot_seqs=(), progress=tell, owned=owned, checked=checked)
         walks = [here, *(received(result) for result in workers.results())]
     problems = sorted((walked.problem for walked in walks if walked.problem is not None),
                       key=lambda problem: (problem.seq is None, problem.seq or 0))

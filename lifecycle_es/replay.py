@@ -9,8 +9,10 @@ replay). A command only acts on state it can prove, so a snapshot is only folded
 the log still holds that hash at that seq for that stream and version. Any other snapshot (edited,
 copied from another store or stream, written before snapshots were tagged, or read without the key)
 is ignored: the runner is replayed from its first event, and the next snapshot or `projections.rebuild`
-writes over it. A replay that meets an event the rules could not have produced raises IntegrityError
-at that event's seq.
+writes over it. In a keyed store opened with its key, every event folded after the snapshot is proven too
+(`prove_row`): its hash is the MAC of its bytes under the key, at the stream's next version; so a command never
+decides against, nor tags as a snapshot, a body edited by someone without the key. A replay that meets an event
+the rules could not have produced raises IntegrityError at that event's seq.
 """
 
 from __future__ import annotations
@@ -133,11 +135,27 @@ def load(store: EventStore, stream: str, *, base: Folded | None = None, use_snap
             if snap is not None and (until_seq is None or snap.seq <= until_seq):
                 base = snap
     folding = Fold(base)
+    key = store._key
     for row in _rows(stream_pages(store, stream, base.version)):
         if until_seq is not None and row[0] > until_seq:
             break
+        if key is not None:
+            prove_row(row, folding.version + 1, key)
         folding.add_row(row)
     return folding.folded()
+
+
+def prove_row(row: Row, version: int, key: bytes) -> None:
+    """IntegrityError unless `row` is the stream's event at `version` and its hash is the MAC of its bytes under
+    the store's `key`: what a keyed store folds into a state it may tag as a snapshot must be what a holder of
+    the key wrote, or the tag would vouch for a body edited underneath. (How the row links to the rows around
+    it in the chain is the audit's to prove.)"""
+    seq, stream, row_version, type_, at, body, prev, digest = row
+    if row_version != version:
+        raise IntegrityError(seq, f"version {row_version} where {version} was due", stream=stream)
+    if chain.link(prev, seq, stream, row_version, type_, at, body, key) != digest:
+        raise IntegrityError(seq, "hash does not match the event's contents under the store's key: it was "
+                                  "written or edited without the key", stream=stream)
 
 
 def stream_pages(store: EventStore, stream: str, after_version: int = 0) -> Iterator[list[Row]]:

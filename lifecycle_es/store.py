@@ -202,12 +202,9 @@ class EventStore(StoreReads):
 
     @property
     def lock(self) -> threading.RLock:
-        """The connection's lock: every write transaction holds it, every read takes it in turn.
-
-        A thread that reads the backend directly while other threads write through this store holds it
-        around those reads, so that it sees committed state only. A command it issues meanwhile commits in a
-        transaction of its own, not in a batch (a batch's writer needs the lock).
-        """
+        """The connection's lock: every write transaction holds it, every read takes it in turn. A thread that
+        reads the backend directly while other threads write through this store holds it around those reads, so
+        that it sees committed state only; a command it issues meanwhile commits in a transaction of its own."""
         return self._lock
 
     @property
@@ -232,6 +229,11 @@ class EventStore(StoreReads):
     def keyed(self) -> bool:
         """Whether the store's chain is keyed."""
         return self.key_id is not None
+
+    @property
+    def holds_key(self) -> bool:
+        """Whether the store is keyed and this handle was opened with its key (it can tag and prove snapshots)."""
+        return self._key is not None
 
     @property
     def now(self) -> Callable[[], int]:

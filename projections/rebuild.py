@@ -67,8 +67,14 @@ def rebuild(store: EventStore, *, progress: Callable[[int, int], None] | None = 
 
 def _ends(store: EventStore, head: int, parts: int,
           tell: Callable[[int], None] | None) -> dict[str, tuple[RunnerState, int, int, bytes]]:
-    """Each runner's state, version, seq and hash of its last event: folded here, or by `parts` processes."""
-    if parts <= 1:
+    """Each runner's state, version, seq and hash of its last event: folded here, or by `parts` processes.
+
+    A keyed store's rebuild tags each snapshot with the key, vouching for the state folded: so it proves the
+    chain as it folds (every hash the MAC of its row under the key, linked to the one before), and a row written
+    or edited without the key fails the rebuild with IntegrityError instead of being signed into a snapshot.
+    """
+    keyed = store.holds_key  # opened without its key, it tags nothing: the rebuild fails at its first snapshot
+    if parts <= 1 and not keyed:
         # Each runner folded into a draft and frozen once (the rules and errors of replay_all).
         ends = {}
         for stream, folding in fold_log(store, progress=tell).items():
@@ -76,7 +82,7 @@ def _ends(store: EventStore, head: int, parts: int,
             assert state is not None and digest is not None
             ends[stream] = (state, folding.version, folding.seq, digest)
         return ends
-    found = fold_in_parts(store, head=head, jobs=parts, progress=tell)
+    found = fold_in_parts(store, head=head, jobs=max(parts, 1), progress=tell, checked=keyed)
     out = {}
     for stream in sorted(found):
         state, version, seq = found[stream]

@@ -136,7 +136,8 @@ def build_fleet(path: Path | str, *, key: bytes | None = None, base: Path | None
     return marks
 
 
-def build_long(path: Path | str, events: int = LONG_EVENTS, *, chunk: int = 1000, interleaved: bool = False) -> None:
+def build_long(path: Path | str, events: int = LONG_EVENTS, *, chunk: int = 1000, interleaved: bool = False,
+               key: bytes | None = None) -> None:
     """`events` valid events of 10 runners (acquire/settle pairs), appended up to `chunk` at a time: each
     runner's in turn, or (`interleaved`) a chunk of each runner in turn, so that every runner's events
     run from the log's start to its end.
@@ -173,14 +174,14 @@ def build_long(path: Path | str, events: int = LONG_EVENTS, *, chunk: int = 1000
         appends = [(runner, batch) for _, runner, batch in sorted(order, key=lambda item: item[:2])]
     tail = appends.pop()  # the last batch: appended by a process without the read models
     rebuilt = False
-    with EventStore.open(path, durability="normal") as store:
+    with EventStore.open(path, durability="normal", key=key) as store:
         for runner, chunk in appends:
             store.append_unchecked(runner, chunk, at=at)
             if not rebuilt and store.head().seq >= 0.4 * events:
                 rebuild(store)
                 attach(store)
                 rebuilt = True
-    with EventStore.open(path, durability="normal") as store:
+    with EventStore.open(path, durability="normal", key=key) as store:
         store.append_unchecked(tail[0], tail[1], at=at)
 
 
