@@ -11,7 +11,8 @@ DrainExpired naming 1024 lease ids, about 270 KB), and a read is paged by rows a
 at `PAGE_ROWS` rows or once its bodies reach `PAGE_BYTES`), so reading a log costs a bounded amount of
 memory whatever its rows hold. A row whose body is beyond the bound is never loaded: reading it raises
 IntegrityError at its seq. Its other columns are read only up to `MAX_FIELD_BYTES`: a longer one (which
-only a file's or table's writer can make) reads as NULL, which the chain check names at its seq. A
+only a file's or table's writer can make) reads as NULL, which the chain check, and every read that makes
+an event of the row (``store_reads.recorded``), names at its seq. A
 snapshot's state is at most `MAX_SNAPSHOT_BYTES` (a state is at most a few MB: its leases are retained by
 count, each field bounded); a larger one is read as empty bytes, never loaded, and so proves nothing.
 """

@@ -37,7 +37,7 @@ def fold_in_parts(store: EventStore, *, head: int, jobs: int,
               checked) for part, (first, last) in enumerate(ranges)][1:]
     with Workers("lifecycle_es.walk:walk_share", calls, progress=progress) as workers:
         workers.begin()
-        tell = (lambda rows: progress(min(rows, workers.poll()))) if progress is not None else None
+        tell = (lambda rows: progress(min(rows, workers.poll()))) if progress is not None and calls else progress
         here = walk(store, store._key, head=head, chain_range=ranges[0], share=(0, jobs), position=None,
                     snapshot_seqs=(), progress=tell, owned=owned, checked=checked)
         walks = [here, *(received(result) for result in workers.results())]

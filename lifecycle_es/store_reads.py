@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
 from . import following
-from .backend import Backend, HostLeaseRow, Row
-from .errors import InvalidInputError
+from .backend import MAX_FIELD_BYTES, Backend, HostLeaseRow, Row
+from .errors import IntegrityError, InvalidInputError
 from .log import Head, RecordedEvent
-from .values import safe_id, safe_int, shown
+from .values import MAX_SAFE_INTEGER, safe_id, safe_int, shown
 
 if TYPE_CHECKING:
     from .store import EventStore
@@ -50,7 +50,7 @@ class StoreReads:
     def _read_pages(self, after: int, stream: str | None, limit: int | None) -> Iterator[RecordedEvent]:
         for rows in self.locked_pages(self._backend.pages(after=after, stream=stream, limit=limit)):
             for row in rows:
-                yield RecordedEvent(*row)
+                yield recorded(row)
 
     def locked_pages(self, pages: Iterator[list[Row]]) -> Iterator[list[Row]]:
         """`pages` (the backend's paged reads), each page read under the store's lock and the lock released
@@ -73,26 +73,29 @@ class StoreReads:
     def _read_stream_pages(self, stream: str, after_version: int) -> Iterator[RecordedEvent]:
         for rows in self.locked_pages(self._backend.stream_pages(stream, after_version=after_version)):
             for row in rows:
-                yield RecordedEvent(*row)
+                yield recorded(row)
 
     def event_at(self, seq: int) -> RecordedEvent | None:
         """The event at `seq`, or None."""
         seq = safe_int(seq, "seq")
         with self._lock:
             row = self._backend.row_at(seq)
-        return RecordedEvent(*row) if row else None
+        return recorded(row) if row else None
 
     def head(self) -> Head:
         """The last event's seq, hash and at (seq 0 and the genesis link for an empty log)."""
         with self._lock:
             seq, digest, at = self._backend.head()
+        if seq:
+            counted(seq, seq, "seq")
         return Head(seq, digest if digest is not None else self._genesis, at)
 
     def stream_version(self, stream: str) -> int:
         """The last version of `stream` (0 when it has no events)."""
         stream = safe_id(stream, "stream")
         with self._lock:
-            return self._backend.stream_version(stream)
+            version = self._backend.stream_version(stream)
+        return counted(version, None, "version", stream) if version else version
 
     def streams(self) -> list[str]:
         """Every stream id in the log, sorted."""
@@ -149,3 +152,29 @@ class StoreReads:
                                                   "hash (pass a RecordedEvent's hash, or None)")
         following.check_followed(cast("EventStore", self), safe_int(reached, "reached"), event_hash)
 
+
+_COLUMNS = ("seq", "stream", "version", "type", "at", "body", "prev", "hash")
+
+
+def recorded(row: Row) -> RecordedEvent:
+    """The RecordedEvent of a row read from the log, or IntegrityError at its seq for a row no append writes: a
+    column the backend read as NULL (longer than `MAX_FIELD_BYTES`: only the file's or table's writer makes one),
+    a seq or version outside 1..2^53-1. What the chain check names in an audit, every other read names too,
+    instead of passing the NULL on as a value (an export that writes it, a window that compares it)."""
+    if None in row:
+        missing = _COLUMNS[row.index(None)]
+        raise IntegrityError(row[0], f"its {missing} is longer than {MAX_FIELD_BYTES:,} bytes (edited outside the "
+                                     "store): audit it (lifecycle-es audit)", stream=row[1])
+    counted(row[0], row[0], "seq", row[1])
+    counted(row[2], row[0], "version", row[1])
+    return RecordedEvent(*row)
+
+
+def counted(value: int, seq: int | None, column: str, stream: str | None = None) -> int:
+    """`value`, a seq or version read from the log, or IntegrityError when it is outside 1..2^53-1 (no append
+    writes one there; a reader would otherwise refuse it as an argument it was never given)."""
+    if type(value) is not int or not 0 < value <= MAX_SAFE_INTEGER:
+        raise IntegrityError(seq if seq is not None else 0, f"a {column} of {shown(value)} is outside "
+                                                            f"1..{MAX_SAFE_INTEGER} (edited outside the store): "
+                                                            "audit it (lifecycle-es audit)", stream=stream)
+    return value

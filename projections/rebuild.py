@@ -78,9 +78,9 @@ def _ends(store: EventStore, head: int, parts: int,
         # Each runner folded into a draft and frozen once (the rules and errors of replay_all).
         ends = {}
         for stream, folding in fold_log(store, progress=tell).items():
-            state, digest = folding.state(), folding.hash
-            assert state is not None and digest is not None
-            ends[stream] = (state, folding.version, folding.seq, digest)
+            state = folding.state()
+            assert state is not None
+            ends[stream] = (state, folding.version, folding.seq, _last_hash(folding.seq, stream, folding.hash))
         return ends
     found = fold_in_parts(store, head=head, jobs=max(parts, 1), progress=tell, checked=keyed)
     out = {}
@@ -89,5 +89,16 @@ def _ends(store: EventStore, head: int, parts: int,
         row = store.backend.row_at(seq)
         if row is None or row[1] != stream:  # the log moved under the fold: never while this transaction holds it
             raise IntegrityError(seq, f"the last event of {stream!r} is not at seq {seq} any more", stream=stream)
-        out[stream] = (state, version, seq, row[7])
+        out[stream] = (state, version, seq, _last_hash(seq, stream, row[7]))
     return out
+
+
+def _last_hash(seq: int, stream: str, digest: bytes | None) -> bytes:
+    """The hash of a runner's last event, which its snapshot names; IntegrityError when the row holds none the
+    store wrote, or no stream (a column read as NULL: longer than the backend reads)."""
+    if type(stream) is not str:
+        raise IntegrityError(seq, "its stream is not an id the store wrote: audit it (lifecycle-es audit)")
+    if type(digest) is not bytes or len(digest) != 32:
+        raise IntegrityError(seq, "its hash is not the 32 bytes the store wrote: audit it (lifecycle-es audit)",
+                             stream=stream)
+    return digest

@@ -68,9 +68,11 @@ def test_a_keyed_rebuild_in_two_processes_proves_the_chain_and_writes_what_one_d
     written = []
     for jobs in (1, 2):
         path = copy_store(keyed_long, tmp_path / f"jobs{jobs}.db", seal=False)
+        told: list[tuple[int, int]] = []
         with EventStore.open(path, key=KEY) as store:
-            report = rebuild(store, jobs=jobs)
+            report = rebuild(store, jobs=jobs, progress=lambda done, total, told=told: told.append((done, total)))
             written.append(((report.events, report.runners, report.snapshots), caches(store)))
+            assert told[-1] == (store.head().seq, store.head().seq)
         assert audit(path, key=KEY, jobs=1).ok
     assert written[0] == written[1]
 
