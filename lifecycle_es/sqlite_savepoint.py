@@ -79,6 +79,8 @@ class SqliteSavepoint:
             try:
                 conn.execute(f"RELEASE {_NAME}")
             except apsw.Error as error:
+                # Refused, so its writes must go: left in place, the batch's COMMIT would keep them.
+                self._undo(error)
                 raise translation(self.action, error) from error
             return False
         backend.log_end.forget()
@@ -88,13 +90,23 @@ class SqliteSavepoint:
             kind = StoreFullError if isinstance(exc, StoreFullError | apsw.FullError) else StoreIOError
             raise kind(f"{self.action}: the database ended the write transaction ({exc}), so its batch "
                        "is lost: nothing of it was committed") from exc
+        self._undo(exc)
+        if isinstance(exc, apsw.Error):
+            raise translation(self.action, exc) from exc
+        return False
+
+    def _undo(self, cause: BaseException) -> None:
+        """Roll the block's writes back and end the savepoint; when that fails (or the database ended the
+        transaction meanwhile), `lost` and StoreIOError: the whole batch must fail, nothing of it committed."""
+        backend = self.backend
+        backend.log_end.forget()
+        conn = backend.conn
         try:
+            if _outside(conn):
+                raise apsw.SQLError("the write transaction is no longer open")
             conn.execute(f"ROLLBACK TO {_NAME}")
             conn.execute(f"RELEASE {_NAME}")
         except apsw.Error as error:
             self.lost = True
             raise StoreIOError(f"{self.action}: rolling back to the savepoint failed ({error}), so its batch is "
-                               "lost: nothing of it was committed") from exc
-        if isinstance(exc, apsw.Error):
-            raise translation(self.action, exc) from exc
-        return False
+                               "lost: nothing of it was committed") from cause

@@ -30,6 +30,7 @@ from lifecycle_es import (
     InvalidInputError,
     RunnerLifecycle,
     StaleFenceError,
+    StoreError,
     StoreFencedError,
     StoreFullError,
     StoreIOError,
@@ -287,3 +288,42 @@ def test_sixteen_threads_committing_while_the_store_file_is_renamed_over_none_ac
     with EventStore.open(path) as reopened:
         held = {(recorded.stream, recorded.version) for recorded in reopened.read()}
     assert [ack for ack in acknowledged if ack not in held] == []
+
+
+@pytest.mark.parametrize("fails", ["release", "release-and-rollback"])
+def test_a_command_whose_release_fails_is_rolled_back_alone_or_loses_the_batch(tmp_path: Path, fails: str) -> None:
+    # RELEASE can fail (an exec tracer or authorizer the embedder installed, no memory): the command is refused,
+    # so its rows must not ride along in the batch's COMMIT. When not even the rollback goes through, the whole
+    # batch fails: nothing of it is committed.
+    store = EventStore.open(tmp_path / "events.db")
+    conn = store.backend.conn  # type: ignore[attr-defined]
+    held = Held(store)
+    armed = {"RELEASE": False, "ROLLBACK": False}
+
+    def refuse(cursor: Any, sql: str, bindings: Any) -> bool:
+        verb = sql.split()[0]
+        if armed.get(verb):
+            armed[verb] = False
+            return False  # apsw aborts the statement
+        return True
+
+    def first(tx: WriteTransaction) -> str:
+        tx.append_unchecked("first", [ReclaimCompleted(generation=2)])
+        armed["RELEASE"] = True
+        armed["ROLLBACK"] = fails == "release-and-rollback"
+        return "first"
+
+    held.queue("first", lambda: store.commit("first", first))
+    held.queue("second", lambda: store.commit("second", lambda tx: tx.append_unchecked(
+        "second", [ReclaimCompleted(generation=2)]) and "second"))
+    conn.exec_trace = refuse
+    outcomes = held.release()
+    conn.exec_trace = None
+    store.close()
+    assert isinstance(outcomes["first"], StoreIOError if fails == "release-and-rollback" else StoreError)
+    with EventStore.open(tmp_path / "events.db") as reopened:
+        streams = reopened.streams()
+    if fails == "release":
+        assert outcomes["second"] == "second" and streams == ["second"]
+    else:
+        assert isinstance(outcomes["second"], StoreIOError) and streams == []
