@@ -113,7 +113,13 @@ class AsyncEventStore:
         replies = self._replies
         if replies is None or replies.loop is not loop:
             replies = self._replies = _Replies(loop)
-        done = self._pool.submit(_called, call, args, kwargs)
+        try:
+            done = self._pool.submit(_called, call, args, kwargs)
+        except RuntimeError:
+            if not self._closed:
+                raise
+            # Closed from another thread or loop between the check above and here: the pool is shut down.
+            raise StoreError(f"the store {self.store.path!r} was closed: open it again to use it") from None
         reply: asyncio.Future[T] = loop.create_future()
         done.add_done_callback(lambda _: replies.put(reply, done))
         try:

@@ -15,7 +15,7 @@ from holding import Held
 from test_aio import COMMANDS, proxy, runner
 from waiting import wait_for
 
-from lifecycle_es import StaleFenceError
+from lifecycle_es import StaleFenceError, StoreError
 from lifecycle_es.aio import AsyncEventStore
 from lifecycle_es.testing import FakeClock
 
@@ -107,3 +107,26 @@ def test_a_call_that_ends_after_its_loop_closed_is_dropped_and_the_store_serves_
         gate.set()
         if not closed:
             asyncio.run(store.close())
+
+
+def test_a_call_that_meets_a_close_from_another_thread_raises_store_error(tmp_path: Path) -> None:
+    # Another thread's loop closes the store between a call's check that it is open and its hand-off to the pool
+    # (which `close` has shut down): the call's error is the closed store's, as the contract says.
+    async def main() -> None:
+        store = await AsyncEventStore.open(tmp_path / "events.db", now=FakeClock())
+        pool = store._pool
+        submit = pool.submit
+
+        def closed_meanwhile(*args: Any, **kwargs: Any) -> Any:
+            store._closed = True
+            pool.shutdown()
+            return submit(*args, **kwargs)
+
+        pool.submit = closed_meanwhile  # type: ignore[method-assign]
+        try:
+            with pytest.raises(StoreError, match="was closed"):
+                await store.head()
+        finally:
+            store.store.close()
+
+    asyncio.run(main())
