@@ -26,7 +26,9 @@ rolled back alone as a refusal is.
 
 A caller whose wait is interrupted (a signal's exception, KeyboardInterrupt, in the main thread) leaves
 the queue, and its work never runs; when a writer had already taken it into a batch, its work may still
-commit there, as a command whose reply was lost.
+commit there, as a command whose reply was lost. Wherever such an interrupt lands in a writer's bookkeeping
+(taking the lead, gathering, answering, handing the queue on), every other caller of its batch is answered and
+the queue is handed on: a lost answer or a lost writer would leave the others waiting for ever.
 
 A batch holds at most `max_batch` callers. The writer lingers (up to `linger_ms`) for late arrivals
 only while the store is busy: when the batch before it held more callers than are queued and ended
@@ -35,6 +37,7 @@ less than `linger_ms` ago. A store that was idle never lingers.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import time
@@ -132,6 +135,7 @@ class GroupCommit:
         self._arrived = threading.Condition(self._mutex)
         self._queue: deque[_Caller] = deque()
         self._leading = False  # a writer is serving a batch (or handing the queue on)
+        self._handing: _Caller | None = None  # the caller being handed the queue (see `_hand_on`)
         self._writer: int | None = None  # the thread id of the writer while its transaction is open
         self._wanted = 0  # how many queued callers a lingering writer waits for (0: none lingers)
         self._last_size = 0
@@ -176,33 +180,44 @@ class GroupCommit:
             with self._store.transaction(action) as tx:
                 return worked(work, tx)
         caller = _Caller(action, work, stream)
-        with self._mutex:
-            lead = not self._leading
-            if lead:
-                self._leading = True
-            else:
-                caller.wake = wake = threading.Lock()
-                wake.acquire()
-                self._queue.append(caller)
-                if self._wanted and len(self._queue) >= self._wanted:
-                    self._arrived.notify()
-        if not lead:
-            assert caller.wake is not None
-            try:
-                caller.wake.acquire()  # released when served, or when handed the queue
-            except BaseException:
-                self._withdraw(caller)  # a signal's exception (KeyboardInterrupt) in the waiting thread
-                raise
-            if not caller.lead:
-                return caller.outcome()  # type: ignore[no-any-return]
+        forks = forked.generation
         try:
-            self._serve(self._gather(caller))
+            with self._mutex:
+                if not self._leading:
+                    caller.lead = True  # before the flag: an interrupt between the two leaves nothing to hand on
+                    self._leading = True
+                else:
+                    caller.wake = wake = threading.Lock()
+                    wake.acquire()
+                    self._queue.append(caller)
+                    if self._wanted and len(self._queue) >= self._wanted:
+                        self._arrived.notify()
+            if not caller.lead:
+                assert caller.wake is not None
+                caller.wake.acquire()  # released when served, or when handed the queue
+                if not caller.lead:
+                    return caller.outcome()  # type: ignore[no-any-return]
+        except BaseException:
+            # A signal's exception (KeyboardInterrupt) in this thread, the main one, wherever it landed here.
+            if forked.generation == forks:
+                self._withdraw(caller)
+            raise
+        try:
+            self._serve(caller)
         finally:
-            self._hand_on()
+            # In a child forked inside a work the queue is the parent's, its mutex perhaps held by a thread the child
+            # does not have: the store is fenced there, and nothing is handed on.
+            if forked.generation == forks:
+                try:
+                    self._hand_on(caller)
+                except BaseException:
+                    self._hand_on(caller)  # an interrupt that landed as it began: the queue is handed on all the same
+                    raise
         return caller.outcome()  # type: ignore[no-any-return]
 
-    def _gather(self, first: _Caller) -> list[_Caller]:
-        batch = [first]
+    def _gather(self, batch: list[_Caller]) -> None:
+        """Take the callers queued now (up to `max_batch`, lingering when busy) into `batch`, which holds the
+        writer's own: each is in `batch` as soon as it left the queue, so that an interrupt cannot lose one."""
         limit = self.max_batch
         with self._mutex:
             queue = self._queue
@@ -219,45 +234,79 @@ class GroupCommit:
                     self._arrived.wait(left)
                 self._wanted = 0
             while queue and len(batch) < limit:
-                batch.append(queue.popleft())
-        return batch
+                batch.append(queue[0])
+                queue.popleft()
 
-    def _serve(self, batch: list[_Caller]) -> None:
-        """Run every caller's work in one transaction and commit; every caller of `batch` has its outcome after."""
-        store = self._store
+    def _serve(self, first: _Caller) -> None:
+        """Gather a batch after `first` (the writer's own), run every caller's work in one transaction and commit;
+        every caller of the batch has its outcome and is woken after, even when an interrupt of this thread (a
+        signal's exception, in the main thread) lands in the bookkeeping around the transaction."""
+        batch = [first]
+        woken = 1  # the callers of `batch` answered so far (the writer's own needs no waking)
         failure: BaseException | None = None
-        committing = False
-        self._writer = threading.get_ident()
-        action = batch[0].action if len(batch) == 1 else _batch_name(batch[0].action, len(batch))
+        committing = committed = False
+        action = first.action
         try:
-            streams = [caller.stream for caller in batch if caller.stream is not None]
-            with store.transaction(action, streams=streams) as tx:
+            self._gather(batch)
+            store = self._store
+            self._writer = threading.get_ident()
+            action = batch[0].action if len(batch) == 1 else _batch_name(batch[0].action, len(batch))
+            try:
+                streams = [caller.stream for caller in batch if caller.stream is not None]
+                with store.transaction(action, streams=streams) as tx:
+                    if len(batch) == 1:
+                        batch[0].value = worked(batch[0].work, tx)  # alone: its error rolls back the transaction
+                    else:
+                        self._each(tx, batch)
+                    committing = True  # what fails from here on fails the commit
+                committed = True
+            except BaseException as exc:
+                failure = exc
+            finally:
+                self._writer = None
+            if failure is not None:
                 if len(batch) == 1:
-                    batch[0].value = worked(batch[0].work, tx)  # alone: its error rolls back the transaction
+                    batch[0].error = failure
                 else:
-                    self._each(tx, batch)
-                committing = True  # what fails from here on fails the commit
-        except BaseException as exc:
-            failure = exc
+                    shared = failure if isinstance(failure, Exception) else self._interrupted(action, failure,
+                                                                                              committing)
+                    for caller in batch:
+                        if caller.error is None:
+                            caller.error = shared
+                            caller.shared = True
+            self.batches += 1
+            self.commands += len(batch)
+            self._last_size = len(batch)
+            while woken < len(batch):
+                caller = batch[woken]
+                if caller.wake is not None and not caller.lead:
+                    caller.wake.release()
+                woken += 1  # after: one released twice (an interrupt just before this) is released no more for it
         finally:
-            self._writer = None
-        if failure is not None:
-            if len(batch) == 1:
-                batch[0].error = failure
-            else:
-                shared = failure if isinstance(failure, Exception) else self._interrupted(action, failure, committing)
-                for caller in batch:
-                    if caller.error is None:
-                        caller.error = shared
-                        caller.shared = True
-        self.batches += 1
-        self.commands += len(batch)
-        self._last_size = len(batch)
-        for caller in batch:
-            if caller.wake is not None and not caller.lead:
-                caller.wake.release()
+            if woken < len(batch):
+                self._answer_rest(batch[woken:], action, committed, committing, failure)
         if failure is not None and not isinstance(failure, Exception):
             raise failure  # an interrupt of the writer's own thread, after every caller was answered
+
+    def _answer_rest(self, rest: list[_Caller], action: str, committed: bool, committing: bool,
+                     failure: BaseException | None) -> None:
+        """An interrupt of the writer's thread cut the batch's bookkeeping short: answer and wake the callers it
+        had not (those whose work committed keep their outcomes; the others learn nothing of theirs committed, or,
+        when it came during the commit, that the outcome is unknown)."""
+        if not committed:
+            error: BaseException = (self._interrupted(action, failure or KeyboardInterrupt(), committing)
+                                    if failure is None or not isinstance(failure, Exception) else failure)
+            for caller in rest:
+                if caller.error is None:
+                    caller.error, caller.shared, caller.value = error, True, None
+        with self._mutex:  # one taken into the batch just before it left the queue (`_gather`) leaves it now
+            for caller in rest:
+                if caller in self._queue:
+                    self._queue.remove(caller)
+        for caller in rest:
+            if caller.wake is not None and not caller.lead:
+                with contextlib.suppress(RuntimeError):  # released already, just before the interrupt landed
+                    caller.wake.release()
 
     def _interrupted(self, action: str, interrupt: BaseException, committing: bool) -> StoreIOError:
         """The error of the other callers of a batch that an interrupt (KeyboardInterrupt, SystemExit) ended in
@@ -308,16 +357,34 @@ class GroupCommit:
                 self._queue.remove(caller)
                 return
         if caller.lead:
-            self._hand_on()
+            self._hand_on(caller)
 
-    def _hand_on(self) -> None:
-        """The batch is done: hand the queue to the first caller waiting in it, or stand down."""
+    def _hand_on(self, leader: _Caller) -> None:
+        """`leader`'s batch is done: hand the queue to the first caller waiting in it, or stand down.
+
+        Done so that a second call finishes what an interrupt (a signal's exception, landing where a C call
+        returns) cut short, and does nothing once it is done: the caller handed the queue is named in
+        `_handing` before it leaves the queue, and is woken last.
+        """
         with self._mutex:
-            self._last_end = time.monotonic()
-            if self._queue:
-                following = self._queue.popleft()
+            following = self._handing
+            if following is leader:  # handed the queue, it has led since: that hand-on was done
+                following = self._handing = None
+            if following is None:
+                if not leader.lead:
+                    return
+                self._last_end = time.monotonic()
+                if not self._queue:
+                    leader.lead = False
+                    self._leading = False
+                    return
+                following = self._queue[0]
+                self._handing = following
                 following.lead = True
-                assert following.wake is not None
+                leader.lead = False
+            if self._queue and self._queue[0] is following:
+                self._queue.popleft()
+            assert following.wake is not None
+            with contextlib.suppress(RuntimeError):  # released already, by the hand-on an interrupt cut short
                 following.wake.release()
-            else:
-                self._leading = False
+            self._handing = None

@@ -175,6 +175,41 @@ def test_a_child_forked_inside_a_work_never_ends_the_parents_transaction(store_t
         reopened.verify()
 
 
+def test_a_child_forked_inside_a_work_unwinds_while_a_parent_thread_holds_the_queue(tmp_path: Path) -> None:
+    # At the fork another thread of the parent holds the group commit's mutex (queueing its own command at that
+    # instant): the child, unwinding out of the commit, must not wait for a mutex no thread of its own will free.
+    parent = os.getpid()
+    path = tmp_path / "events.db"
+    with EventStore.open(path, now=FakeClock()) as store:
+        holding, release = threading.Event(), threading.Event()
+
+        def holds() -> None:
+            with store.group_commit._mutex:
+                holding.set()
+                release.wait(30)
+
+        def forks(tx: WriteTransaction) -> str:
+            tx.append_unchecked("forking", [ReclaimCompleted(generation=2)])
+            threading.Thread(target=holds).start()
+            assert holding.wait(30)
+            pid = os.fork()
+            if pid == 0:
+                return "child"  # leaves the work normally, and the commit unwinds in the child
+            release.set()
+            assert wait_child(pid) == 0
+            return "parent"
+
+        try:
+            assert store.commit("forks", forks) == "parent"
+        except BaseException:
+            if os.getpid() != parent:
+                os._exit(0)  # the child, once it unwound through the commit
+            raise
+        if os.getpid() != parent:
+            os._exit(0)
+        assert [recorded.stream for recorded in store.read()] == ["forking"]
+
+
 RECLAIMED = ReclaimCompleted(generation=2)
 
 

@@ -1,0 +1,132 @@
+"""Ctrl-C in the main thread while it writes a batch of other threads' commands, wherever it lands in the group
+commit's bookkeeping: the interrupt is the main thread's alone, every other caller gets an answer (its outcome, or
+StoreIOError saying nothing of it committed) and the store goes on taking commands. A signal's exception lands
+where a C call returns or a function begins; the deterministic cases raise it as a function of the group commit
+begins (a trace's call event), the storm lands real signals wherever they fall."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+from holding import Held
+
+from lifecycle_es import EventStore, StoreError, StoreIOError
+from lifecycle_es import group_commit as group_commit_module
+from lifecycle_es.events import ReclaimCompleted
+
+EVENT = ReclaimCompleted(generation=2)
+GUARD_S = 20
+SOURCE = group_commit_module.__file__
+
+
+def appending(store: EventStore, stream: str) -> Any:
+    return lambda: store.commit(stream, lambda tx: tx.append_unchecked(stream, [EVENT]) and stream)
+
+
+@pytest.mark.parametrize("where", ["_serve", "_gather", "_each", "_hand_on"])
+def test_an_interrupt_as_a_step_of_the_batch_begins_answers_every_other_caller(tmp_path: Path, where: str) -> None:
+    store = EventStore.open(tmp_path / "events.db", durability="normal")
+    try:
+        held = Held(store)
+        group = store.group_commit
+        main: dict[str, Any] = {}
+        fired: list[str] = []
+
+        def trace(frame: FrameType, event: str, arg: Any) -> Any:
+            if event == "call" and frame.f_code.co_filename == SOURCE and frame.f_code.co_name == where \
+                    and not fired:
+                fired.append(where)
+                raise KeyboardInterrupt(f"Ctrl-C as {where} began")
+            return None
+
+        def later() -> None:  # two others queue behind the main thread, then the held writer lets go
+            deadline = time.monotonic() + GUARD_S
+            while group.queued < 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            held.queue("one", appending(store, "one"))
+            held.queue("two", appending(store, "two"))
+            held.gate.set()
+
+        threading.Thread(target=later, daemon=True).start()
+        sys.settrace(trace)
+        try:
+            main["outcome"] = store.commit("main", lambda tx: tx.append_unchecked("main", [EVENT]) and "main")
+        except KeyboardInterrupt as exc:
+            main["outcome"] = exc
+        finally:
+            sys.settrace(None)
+        outcomes = held.release()  # joins every thread, failing the test if one still waits
+        assert fired == [where] and isinstance(main["outcome"], KeyboardInterrupt)
+        for name in ("one", "two"):
+            assert outcomes[name] == name or isinstance(outcomes[name], StoreIOError), (name, outcomes[name])
+        assert appending(store, "after")() == "after"  # no writer was lost
+        committed = set(store.streams())
+        # An answer that says the work committed is one the log holds; one that says it did not, one it lacks.
+        for name in ("one", "two"):
+            assert (name in committed) == (outcomes[name] == name), (name, outcomes[name], committed)
+    finally:
+        store.close()
+
+
+class Interrupted(BaseException):
+    """The storm's Ctrl-C: raised only where it lands inside the group commit, in the main thread."""
+
+
+def test_a_storm_of_interrupts_in_the_main_thread_never_wedges_the_store(tmp_path: Path) -> None:
+    store = EventStore.open(tmp_path / "events.db", durability="normal")
+    stop = threading.Event()
+    counts = [0, 0, 0]
+    landed = [0]
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if frame is not None and frame.f_code.co_filename == SOURCE:
+            landed[0] += 1
+            raise Interrupted
+
+    def background(index: int) -> None:
+        while not stop.is_set():
+            try:
+                store.commit("bg", lambda tx: tx.append_unchecked(f"bg-{index}", [EVENT]))
+                counts[index] += 1
+            except StoreError:
+                if store.fenced:
+                    return  # a COMMIT the storm interrupted: its outcome unknown, the store fenced
+                # else a batch the main thread wrote and the storm interrupted: nothing of it committed
+
+    threads = [threading.Thread(target=background, args=(n,), daemon=True) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    previous = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
+    try:
+        deadline = time.monotonic() + GUARD_S
+        while landed[0] < 30 and not store.fenced and time.monotonic() < deadline:
+            with contextlib.suppress(Interrupted, StoreError):
+                store.commit("main", lambda tx: tx.append_unchecked("main", [EVENT]))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        signal.signal(signal.SIGALRM, previous)
+    try:
+        if not store.fenced:
+            # No caller is left waiting for a writer that is gone: every thread's next command commits.
+            before = list(counts)
+            deadline = time.monotonic() + GUARD_S
+            while not all(now > then for now, then in zip(counts, before, strict=True)):
+                assert time.monotonic() < deadline, (f"background commands stopped: {before} -> {counts}, "
+                                                     f"{store.group_commit!r}")
+                time.sleep(0.01)
+        stop.set()
+        for thread in threads:
+            thread.join(GUARD_S)
+            assert not thread.is_alive(), store.group_commit
+    finally:
+        stop.set()
+        store.close()
