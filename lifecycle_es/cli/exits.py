@@ -97,15 +97,29 @@ def no_runner(runner: str, path: str, *, at: int | None = None) -> CommandError:
                                       f"('lifecycle-es show {path}' lists the runners it has)")
 
 
-# What a terminal would act on or draw as nothing: C0, DEL and C1 controls; bidi marks, embeddings, overrides
-# and isolates (a U+202E turns the rest of a line around); line and paragraph separators; and lone
-# surrogates, which no terminal encoding can write.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+# What a terminal would act on or draw as nothing: C0, DEL and C1 controls; line and paragraph separators; lone
+# surrogates, which no terminal encoding can write; and every format character (Unicode's Cf): bidi marks,
+# embeddings, overrides and isolates (a U+202E turns the rest of a line around), zero-width spaces and joiners,
+# the soft hyphen, tags.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e"
+                     "\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ud800-\udfff\ufeff\ufff9-\ufffb"
+                     "\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+                     "\U000e0001\U000e0020-\U000e007f]")
 
 
 def _escape(match: re.Match[str]) -> str:
     code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # JSON spells a character beyond the BMP as its UTF-16 surrogate pair
+    return f"\\u{0xd800 + (code >> 10):04x}\\u{0xdc00 + (code & 0x3ff):04x}"
 
 
 def printable(text: str) -> str:
@@ -123,7 +137,7 @@ def json_printable(text: str) -> str:
     They can only stand inside a JSON string, where the escape decodes to the very same character:
     the JSON is the same, and a terminal it is printed on shows it as it is.
     """
-    return _UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+    return _UNSAFE.sub(_json_escape, text)
 
 
 def one_line(text: str, limit: int = 1000) -> str:

@@ -11,6 +11,7 @@ import resource
 import select
 import signal
 import subprocess
+import unicodedata
 from pathlib import Path
 
 import msgspec
@@ -33,7 +34,7 @@ from fleets import (
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerState
 from lifecycle_es.auditing import AuditReport
 from lifecycle_es.cli.audit import summary
-from lifecycle_es.cli.exits import one_line, printable
+from lifecycle_es.cli.exits import json_printable, one_line, printable
 from lifecycle_es.cli.show import fleet_text, runner_text
 from lifecycle_es.events import RUNNER_SCHEMA, LeaseAcquired, LeaseSettled, RunnerInitialized
 from lifecycle_es.receipts import project
@@ -237,6 +238,19 @@ def test_every_human_rendering_escapes_hostile_text() -> None:
         assert "\\u202e" in rendered
     assert printable("ok é 中 \u202e\x00\ud800") == "ok é 中 \\u202e\\x00\\ud800"
     assert one_line("a\u2066b\nc") == "a\\u2066b c"
+
+
+def test_every_format_character_is_escaped_for_people_and_for_json() -> None:
+    # Unicode's format characters (Cf) draw as nothing: a zero-width space in a base dir, a tag character in a
+    # session id would hide in plain sight. Each is escaped in text, and in JSON as an escape that decodes back.
+    hidden = [chr(code) for code in range(0x110000) if unicodedata.category(chr(code)) == "Cf"]
+    assert "\u200b" in hidden and "\U000e0041" in hidden
+    for char in hidden:
+        shown = printable(f"a{char}b")
+        assert shown.isascii() and shown != f"a{char}b", ascii(char)
+        text = json.dumps(f"a{char}b", ensure_ascii=False)
+        escaped = json_printable(text)
+        assert escaped.isascii() and json.loads(escaped) == f"a{char}b", ascii(char)
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
 def test_follow_sees_another_process_commit_and_stops_on_a_signal(fleet_log: FleetLog, tmp_path: Path,
