@@ -149,8 +149,10 @@ def window(since_ms: int | None, until_ms: int | None) -> Callable[[RecordedEven
 def window_text(since_ms: int | None, until_ms: int | None) -> tuple[str, str]:
     """``[since_ms, until_ms]`` as the lowest and highest ``at`` text inside it (open ends as text below or
     above every time)."""
-    low = iso_ms(min(max(since_ms, EARLIEST_MS), LATEST_MS)) if since_ms is not None else ""
-    high = iso_ms(min(max(until_ms, EARLIEST_MS), LATEST_MS)) if until_ms is not None else "\U0010ffff"
+    # A bound beyond the times a store can stamp (1970 to 9999) selects nothing past it: text above or below all.
+    above, below = "\U0010ffff", ""
+    low = below if since_ms is None else above if since_ms > LATEST_MS else iso_ms(max(since_ms, EARLIEST_MS))
+    high = above if until_ms is None else below if until_ms < EARLIEST_MS else iso_ms(min(until_ms, LATEST_MS))
     return low, high
 
 

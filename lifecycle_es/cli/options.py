@@ -88,8 +88,9 @@ def window_order(since_ms: int | None, until_ms: int | None) -> str | None:
     """Why ``--since``/``--until`` select nothing, when the first is after the second (else None)."""
     if since_ms is None or until_ms is None or since_ms <= until_ms:
         return None
-    return (f"--since {iso_ms(since_ms)} is after --until {iso_ms(until_ms)}: the window holds nothing; give "
-            "--since the earlier time")
+    # A --since raised to the next millisecond can pass the last one of 9999, which no time is spelled in.
+    low = iso_ms(since_ms) if since_ms <= LAST_MS else "a time past the last millisecond of 9999"
+    return f"--since {low} is after --until {iso_ms(until_ms)}: the window holds nothing; give --since the earlier time"
 
 
 def lines(text: str) -> int:

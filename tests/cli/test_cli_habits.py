@@ -20,6 +20,7 @@ from fleets import CLI, HOOK, KEY, attack, copy_store, long_in, one_error_line, 
 from lifecycle_es import EventStore, ProxyAuthority, Resources, RunnerLifecycle
 from lifecycle_es.canonical import iso_ms, parse_iso_ms
 from lifecycle_es.cli.events import last_events, seq_window, window
+from lifecycle_es.cli.options import LAST_MS
 from lifecycle_es.events import RUNNER_SCHEMA, LeaseAcquired, RunnerInitialized
 from lifecycle_es.replay import load
 
@@ -391,6 +392,19 @@ def test_window_compares_times_as_the_store_writes_them() -> None:
     ] == [False, True, True, False]
     before_epoch = window(-10**15, None)  # a bound outside the years a store writes is held to them
     assert before_epoch is not None and before_epoch(At("1970-01-01T00:00:00.000Z"))  # type: ignore[arg-type]
+    # An end before the first time a store can stamp, or a start after its last, selects nothing at all: not the
+    # events stamped at that first (a clock at 0) or last millisecond.
+    first, last = At("1970-01-01T00:00:00.000Z"), At("9999-12-31T23:59:59.999Z")
+    for since_ms, until_ms in ((None, -1), (None, -10**15), (LAST_MS + 1, None)):
+        outside = window(since_ms, until_ms)
+        assert outside is not None and not outside(first) and not outside(last)  # type: ignore[arg-type]
+
+
+def test_a_since_raised_past_the_last_millisecond_is_refused_as_after_until(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    EventStore.open(path).close()
+    done = run("events", path, "--since", "9999-12-31T23:59:59.9999Z", "--until", "9999-12-31T23:59:59.999Z")
+    assert done.returncode == 64 and "is after --until" in done.stderr, (done.returncode, done.stderr)
 
 
 # --- events -f: journalctl's way ---------------------------------------------------------------------
