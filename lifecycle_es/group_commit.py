@@ -283,6 +283,8 @@ class GroupCommit:
                     caller.wake.release()
                 woken += 1  # after: one released twice (an interrupt just before this) is released no more for it
         finally:
+            if self._writer == threading.get_ident():
+                self._writer = None  # set just before an interrupt kept the transaction from starting
             if woken < len(batch):
                 self._answer_rest(batch[woken:], action, committed, committing, failure)
         if failure is not None and not isinstance(failure, Exception):
