@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from .errors import StoreFormatError
+
 Row = tuple[int, str, int, str, str, bytes, bytes, bytes]
 # What an append reads under the lock: (stream version, head seq, head hash, head at).
 Tail = tuple[int, int, bytes | None, str | None]
@@ -56,6 +58,13 @@ class Savepoint(Protocol):
 
 Page = tuple[list[Row], bool]
 """A page of rows and whether it is full (the next may hold more)."""
+
+
+def oversized_meta(path: str, key: str, length: int) -> bytes:
+    """StoreFormatError for a ``meta`` value longer than `MAX_FIELD_BYTES` (read as NULL, never loaded): the store
+    writes a 16-byte store id and a short key id there, so only someone editing the file or table made one."""
+    raise StoreFormatError(f"{path!r}: its meta value {key!r} is {length:,} bytes, beyond the {MAX_FIELD_BYTES:,} a "
+                           "store writes there: the file was edited outside lifecycle-es; restore it from a good copy")
 
 
 def paged(page: Callable[[int, int], Page], *, after: int, limit: int | None) -> Iterator[list[Row]]:

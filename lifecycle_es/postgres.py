@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Row, Tail, paged, stream_paged
+from .backend import MAX_EVENT_BYTES, PAGE_BYTES, PAGE_ROWS, Row, Tail, oversized_meta, paged, stream_paged
 from .backends import ServerTarget
 from .errors import (
     IntegrityError,
@@ -211,7 +211,10 @@ class PostgresBackend(ServerReadModelTables, ServerCacheTables):
     def meta(self, key: str) -> bytes | None:
         """A value of the ``meta`` table."""
         rows = self._rows("read meta", self._sql.meta, (key,))
-        return bytes(rows[0][0]) if rows else None
+        if not rows:
+            return None
+        value, length = rows[0]
+        return bytes(value) if value is not None else oversized_meta(self.path, key, length)
 
     def set_meta(self, key: str, value: bytes) -> None:
         """Insert a ``meta`` value (inside a write transaction)."""

@@ -30,8 +30,8 @@ class Statements:
                 f" CASE WHEN octet_length(body) > {MAX_EVENT_BYTES} THEN NULL ELSE body END, {_bounded('prev')},"
                 f" {_bounded('hash')}, octet_length(body) FROM {s}.events")
         self.identity = (f"SELECT (SELECT system_identifier FROM pg_control_system()),"
-                         f" (SELECT value FROM {s}.meta WHERE key = 'store_id')")
-        self.meta = f"SELECT value FROM {s}.meta WHERE key = %s"
+                         f" (SELECT {_bounded('value')} FROM {s}.meta WHERE key = 'store_id')")
+        self.meta = f"SELECT {_bounded('value')}, octet_length(value) FROM {s}.meta WHERE key = %s"
         self.set_meta = f"INSERT INTO {s}.meta (key, value) VALUES (%s, %s)"
         self.lock_timeout = "SET lock_timeout = '{timeout}'"
         # A writer's first round trip, one simple query. EXCLUSIVE blocks every other writer and no reader; a

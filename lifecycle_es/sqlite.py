@@ -25,6 +25,7 @@ from typing import Any, cast
 import apsw
 
 from .backend import MAX_EVENT_BYTES, MAX_FIELD_BYTES, PAGE_BYTES, PAGE_ROWS, Row, Tail, paged, stream_paged
+from .backend import oversized_meta as _oversized_meta
 from .errors import IntegrityError, StoreFencedError, StoreFormatError, StoreIOError
 from .sqlite_caches import CacheTables
 from .sqlite_errors import translated
@@ -198,8 +199,12 @@ class SqliteBackend(ReadModelTables, CacheTables):
     def meta(self, key: str) -> bytes | None:
         """A value of the ``meta`` table."""
         with translated("read meta"):
-            rows = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchall()
-        return cast("bytes", rows[0][0]) if rows else None  # meta is STRICT: value BLOB
+            rows = self.conn.execute(f"SELECT {_bounded('value')}, length(value) FROM meta WHERE key = ?",
+                                     (key,)).fetchall()
+        if not rows:
+            return None
+        value, length = rows[0]
+        return cast("bytes", value) if value is not None else _oversized_meta(self.path, key, cast("int", length))
 
     def set_meta(self, key: str, value: bytes) -> None:
         """Insert a ``meta`` value (inside a write transaction)."""

@@ -5,16 +5,23 @@ blames an option the user never gave (64)."""
 
 from __future__ import annotations
 
+import resource
+import subprocess
 from pathlib import Path
 
 import pytest
-from fleets import copy_store, run, smuggle
+from fleets import CLI, copy_store, run, smuggle
 
 from lifecycle_es import EventStore
 from lifecycle_es.backend import MAX_FIELD_BYTES
 from lifecycle_es.values import MAX_SAFE_INTEGER
 
 LONG = MAX_FIELD_BYTES + 1
+
+
+def limit_memory() -> None:
+    """preexec_fn: 512 MiB of address space, so a value read whole fails visibly instead of slowly succeeding."""
+    resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
 
 
 def edited(fleet_log: tuple[Path, dict[str, int]], tmp_path: Path, sql: str) -> tuple[Path, int]:
@@ -78,3 +85,17 @@ def test_a_last_hash_no_append_writes_fails_a_rebuild(fleet_log: tuple[Path, dic
         done = run("rebuild", path, "--jobs", jobs)
         assert done.returncode == 65, (jobs, done.returncode, done.stderr)
         assert f"integrity failure at seq {head}" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("key", ["store_id", "key_id"])
+def test_a_meta_value_longer_than_a_store_writes_is_refused_unread(fleet_log: tuple[Path, dict[str, int]],
+                                                                   tmp_path: Path, key: str) -> None:
+    # A store id is 16 bytes, a key id a few dozen: one of 300 MB (anyone who can write the file can make it)
+    # is refused by its length alone, never loaded, by every command that opens the store.
+    path = copy_store(fleet_log[0], tmp_path / "edited.db", seal=False)
+    smuggle(path, ("INSERT OR REPLACE INTO meta (key, value) VALUES (?, zeroblob(300000000))", (key,)))
+    for command in (["show", path], ["events", path, "-n", "1"], ["audit", path]):
+        done = subprocess.run([str(CLI), *map(str, command)], capture_output=True, text=True, timeout=120,
+                              check=False, preexec_fn=limit_memory)
+        assert done.returncode in (65, 66), (command, done.returncode, done.stderr)
+        assert f"its meta value {key!r} is 300,000,000 bytes" in done.stderr, (command, done.stderr)
