@@ -181,6 +181,7 @@ class GroupCommit:
                 return worked(work, tx)
         caller = _Caller(action, work, stream)
         forks = forked.generation
+        served = False
         try:
             with self._mutex:
                 if not self._leading:
@@ -195,13 +196,14 @@ class GroupCommit:
             if not caller.lead:
                 assert caller.wake is not None
                 caller.wake.acquire()  # released when served, or when handed the queue
-                if not caller.lead:
-                    return caller.outcome()  # type: ignore[no-any-return]
+                served = not caller.lead
         except BaseException:
             # A signal's exception (KeyboardInterrupt) in this thread, the main one, wherever it landed here.
             if forked.generation == forks:
                 self._withdraw(caller)
             raise
+        if served:
+            return caller.outcome()  # type: ignore[no-any-return]  # out of the try: a refusal withdraws nothing
         try:
             self._serve(caller)
         finally:
