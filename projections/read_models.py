@@ -8,8 +8,10 @@
 The tables mirror the projection (its retention included: a runner's ``leases`` rows are the
 leases its state retains). A position row records the last seq applied, so a store written for a
 while without the read models attached catches up on the next attach or append: exactly-once, in
-the event transaction, as the eventsourcing library's tracking records do. They are a cache of the
-log: `projections.rebuild` drops and rebuilds them, and the audit compares them to a fresh replay.
+the event transaction, as the eventsourcing library's tracking records do. A position past the log's
+head (a row edited, a log cut back under the tables) empties them and catches them up from the start. They
+are a cache of the log: `projections.rebuild` drops and rebuilds them, and the audit compares them to a
+fresh replay.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from lifecycle_es.read_model import LEASE_COLUMNS, RUNNER_COLUMNS, lease_row, ru
 from lifecycle_es.replay import Folded, fold, load
 from lifecycle_es.state import RunnerState
 from lifecycle_es.store import EventStore
-from lifecycle_es.values import MAX_SAFE_INTEGER, safe_id
+from lifecycle_es.values import safe_id
 
 __all__ = ["LEASE_COLUMNS", "RUNNER_COLUMNS", "ReadModels", "attach", "read_lease_rows", "read_runner_rows",
            "write_runner"]
@@ -61,18 +63,31 @@ class ReadModels:
         self._folded: dict[str, Folded] = {}
         self._rollbacks = 0
 
-    def _position(self, store: EventStore) -> int:
-        position = store.backend.read_model_position() or 0
-        # A row edited outside the store to a seq no log can have: the tables are caught up from the start.
-        return position if 0 <= position <= MAX_SAFE_INTEGER else 0
+    def _start(self, store: EventStore, last: int) -> int:
+        """The position to catch up from, `last` the log's last seq: the recorded one when the log can have it.
+
+        A position past `last` (or no seq at all) says the tables describe events the log does not hold: a row
+        edited, or a log cut back under them. Resumed from there, they would skip for good the events written
+        next, up to that position, and keep rows of what is gone; so they are emptied, and caught up from the
+        start, in this transaction."""
+        backend = store.backend
+        position = backend.read_model_position() or 0
+        if type(position) is int and 0 <= position <= last:
+            return position
+        backend.drop_read_models()
+        backend.create_read_models()
+        self._folded.clear()
+        return 0
 
     def catch_up(self, store: EventStore, *, until_seq: int | None = None) -> None:
-        """Create the tables if needed and apply every event after the recorded position."""
+        """Create the tables if needed and apply every event after the recorded position (up to `until_seq`).
+        Tables whose position the log cannot have are started afresh (see `_start`)."""
         store.backend.create_read_models()
-        position = self._position(store)
+        last = store.head().seq if until_seq is None else until_seq
+        position = self._start(store, last)
         pending: list[RecordedEvent] = []
         for recorded in store.read(after=position):
-            if until_seq is not None and recorded.seq > until_seq:
+            if recorded.seq > last:
                 break
             pending.append(recorded)
             if len(pending) >= 1000:
@@ -83,7 +98,7 @@ class ReadModels:
 
     def apply(self, store: EventStore, recorded: Sequence[RecordedEvent]) -> None:
         """Apply freshly appended events (called by the store inside the event transaction)."""
-        if self._position(store) != recorded[0].seq - 1:
+        if store.backend.read_model_position() != recorded[0].seq - 1:
             self.catch_up(store, until_seq=recorded[0].seq - 1)
         self._apply(store, recorded)
 

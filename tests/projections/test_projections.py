@@ -254,15 +254,45 @@ def test_read_models_catch_up_on_the_next_append_after_another_writer(tmp_path: 
         assert check_read_models(fleet_.store, replayed(fleet_.store)) == []
 
 
-@pytest.mark.parametrize("position", [-1, 2**60], ids=["negative", "beyond-any-seq"])
-def test_a_read_model_position_no_log_can_have_is_caught_up_from_the_start(mixed: Fleet, position: int) -> None:
+GHOST_ROW = ("runner-ghost", "local", "accepting", 1, 1, 1, "/ghost", 1, 1, "proxy-1", 1, HOOK, None, None, None,
+             0, 0, 0, "2023-11-14T22:13:20.000Z", 1, 1)
+
+
+def _drain(handle: RunnerLifecycle) -> None:
+    handle.request_drain(expected_generation=handle.snapshot().generation)
+
+
+@pytest.mark.parametrize("position", [-1, 2**60, "ahead"], ids=["negative", "beyond-any-seq", "beyond-the-head"])
+def test_a_read_model_position_the_log_cannot_have_starts_the_tables_afresh(mixed: Fleet, position: int | str) -> None:
+    """Tables whose position is past the head describe events the log does not hold (rows edited, or a log cut
+    back under them): they are emptied and caught up from the start, never kept, nor resumed from that position
+    (which would skip the events written next, up to it, for good)."""
     head = mixed.store.head().seq
-    sql(mixed.path, "UPDATE read_model_position SET seq = ?", (position,))
-    sql(mixed.path, "DELETE FROM leases WHERE runner_id = 'runner-a'")
+    mixed.store.close()
+    sql(mixed.path, "UPDATE read_model_position SET seq = ?", (head + 6 if position == "ahead" else position,))
+    sql(mixed.path, f"INSERT INTO runners VALUES ({', '.join(['?'] * len(GHOST_ROW))})", GHOST_ROW)
+    with EventStore.open(mixed.path, now=mixed.clock) as other:  # a writer without the read models
+        _drain(mixed.handle("runner-a", store=other))
     with EventStore.open(mixed.path, now=mixed.clock) as store:
-        attach(store)  # caught up, where the edited row made every attach and append refuse as bad input
-        assert store.backend.read_model_position() == head
+        attach(store)
+        assert store.backend.read_model_position() == head + 1
         assert check_read_models(store, replayed(store)) == []
+        assert "runner-ghost" not in store.backend.read_model_rows("runners")[0]
+
+
+def test_read_models_ahead_of_an_append_start_afresh_in_its_transaction(mixed: Fleet) -> None:
+    """The same, found by an append of a store with the read models attached: its position is past the seq
+    before the append's first event."""
+    head = mixed.store.head().seq
+    with EventStore.open(mixed.path, now=mixed.clock) as other:
+        _drain(mixed.handle("runner-a", store=other))
+    sql(mixed.path, "UPDATE read_model_position SET seq = ?", (head + 3,))
+    sql(mixed.path, f"INSERT INTO runners VALUES ({', '.join(['?'] * len(GHOST_ROW))})", GHOST_ROW)
+    mixed.handle("runner-b").rotate_proxy_authority(expected_generation=mixed.handle("runner-b").snapshot().generation,
+                                                    proxy_authority=mixed.proxy(3))
+    store = mixed.store
+    assert store.backend.read_model_position() == store.head().seq == head + 2
+    assert check_read_models(store, replayed(store)) == []
 
 
 def test_read_models_never_fold_from_a_write_that_rolled_back(tmp_path: Path, store_target: str) -> None:
