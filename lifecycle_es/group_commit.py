@@ -28,7 +28,9 @@ A caller whose wait is interrupted (a signal's exception, KeyboardInterrupt, in 
 the queue, and its work never runs; when a writer had already taken it into a batch, its work may still
 commit there, as a command whose reply was lost. Wherever such an interrupt lands in a writer's bookkeeping
 (taking the lead, gathering, answering, handing the queue on), every other caller of its batch is answered and
-the queue is handed on: a lost answer or a lost writer would leave the others waiting for ever.
+the queue is handed on: a lost answer or a lost writer would leave the others waiting for ever. A second interrupt
+(Ctrl-C pressed twice) that lands as the answering or the hand-on begins runs that step once more; only one
+landing inside that second run is beyond it.
 
 A batch holds at most `max_batch` callers. The writer lingers (up to `linger_ms`) for late arrivals
 only while the store is busy: when the batch before it held more callers than are queued and ended
@@ -288,7 +290,12 @@ class GroupCommit:
             if self._writer == threading.get_ident():
                 self._writer = None  # set just before an interrupt kept the transaction from starting
             if woken < len(batch):
-                self._answer_rest(batch[woken:], action, committed, committing, failure)
+                # Inline, as the hand-on's: a function of its own would be one more place for a second interrupt.
+                try:
+                    self._answer_rest(batch[woken:], action, committed, committing, failure)
+                except BaseException:
+                    self._answer_rest(batch[woken:], action, committed, committing, failure)  # Ctrl-C twice
+                    raise
         if failure is not None and not isinstance(failure, Exception):
             raise failure  # an interrupt of the writer's own thread, after every caller was answered
 

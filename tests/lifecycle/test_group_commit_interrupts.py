@@ -21,6 +21,7 @@ from holding import Held
 from lifecycle_es import EventStore, StoreError, StoreIOError
 from lifecycle_es import group_commit as group_commit_module
 from lifecycle_es.events import ReclaimCompleted
+from lifecycle_es.group_commit import GroupCommit
 
 EVENT = ReclaimCompleted(generation=2)
 GUARD_S = 20
@@ -70,6 +71,60 @@ def test_an_interrupt_as_a_step_of_the_batch_begins_answers_every_other_caller(t
         assert appending(store, "after")() == "after"  # no writer was lost
         committed = set(store.streams())
         # An answer that says the work committed is one the log holds; one that says it did not, one it lacks.
+        for name in ("one", "two"):
+            assert (name in committed) == (outcomes[name] == name), (name, outcomes[name], committed)
+    finally:
+        store.close()
+
+
+def test_a_second_interrupt_as_the_answers_begin_still_answers_every_caller(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C pressed twice: the first lands once the batch is gathered, outside its transaction, the second as the
+    step that answers the batch's other callers begins; that step runs once more, so none is left waiting. (A trace
+    function is unset by the exception it raises, so each step is wrapped to raise as it begins instead.) Only an
+    interrupt in that second run is beyond it, as one in the hand-on's second run is."""
+    steps = ("_batch_name", "_answer_rest")
+    store = EventStore.open(tmp_path / "events.db", durability="normal")
+    try:
+        held = Held(store)
+        group = store.group_commit
+        main: dict[str, Any] = {}
+        fired: list[str] = []
+        armed = threading.Event()  # only the main thread's commit is interrupted, once the others queue
+
+        def interrupting(name: str, step: Any) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                if armed.is_set() and threading.current_thread() is threading.main_thread() \
+                        and len(fired) < len(steps) and steps[len(fired)] == name:
+                    fired.append(name)
+                    raise KeyboardInterrupt(f"Ctrl-C number {len(fired)}, as {name} began")
+                return step(*args, **kwargs)
+            return wrapper
+
+        for name in set(steps):
+            if name.startswith("_batch"):
+                monkeypatch.setattr(group_commit_module, name, interrupting(name, getattr(group_commit_module, name)))
+            else:
+                monkeypatch.setattr(GroupCommit, name, interrupting(name, getattr(GroupCommit, name)))
+
+        def later() -> None:
+            deadline = time.monotonic() + GUARD_S
+            while group.queued < 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            held.queue("one", appending(store, "one"))
+            held.queue("two", appending(store, "two"))
+            held.gate.set()
+
+        threading.Thread(target=later, daemon=True).start()
+        armed.set()
+        try:
+            main["outcome"] = store.commit("main", lambda tx: tx.append_unchecked("main", [EVENT]) and "main")
+        except KeyboardInterrupt as exc:
+            main["outcome"] = exc
+        outcomes = held.release()
+        assert fired == list(steps) and isinstance(main["outcome"], KeyboardInterrupt)
+        assert appending(store, "after")() == "after"
+        committed = set(store.streams())
         for name in ("one", "two"):
             assert (name in committed) == (outcomes[name] == name), (name, outcomes[name], committed)
     finally:
