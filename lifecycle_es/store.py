@@ -38,6 +38,7 @@ from .canonical import iso_ms
 from .errors import (
     ConcurrencyError,
     InvalidInputError,
+    StoreError,
     StoreFencedError,
     StoreFormatError,
     StoreIOError,
@@ -387,6 +388,7 @@ class EventStore(StoreReads):
         A later open or audit whose head is behind the seal raises StoreBehindSealError: that catches a
         rollback to an older copy and a truncated tail, which the chain alone cannot.
         """
+        self._outside_writes("seal")
         if self.key_id is not None and self._key is None:
             raise StoreKeyError("sealing a keyed store needs its key")
         head = self.head()
@@ -407,7 +409,16 @@ class EventStore(StoreReads):
         """
         from .checkpoints import append_checkpoint, default_path
 
+        self._outside_writes("checkpoint")
         return append_checkpoint(self, signer, text_path(path, "path") if path is not None else default_path(self.path))
+
+    def _outside_writes(self, action: str) -> None:
+        """StoreError when the calling thread holds a write transaction of this store open (a `commit` work, a
+        `transaction` block): the head it reads there may never commit, and a seal or checkpoint of it would
+        leave the log behind its seal for good."""
+        if self.in_transaction:
+            raise StoreError(f"{action}: cannot {action} the head within a write transaction (it is not committed "
+                             "yet): call it after the transaction or the command returns")
 
     def check_seal(self, path: str | os.PathLike[str], *, key: bytes | None = None) -> Seal:
         """Check that the log has not fallen behind the seal at `path`; return the seal."""

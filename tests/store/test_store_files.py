@@ -30,6 +30,7 @@ from lifecycle_es import (
     InvalidInputError,
     StoreBehindSealError,
     StoreBusyError,
+    StoreError,
     StoreFencedError,
     StoreFormatError,
     StoreIOError,
@@ -41,8 +42,10 @@ from lifecycle_es import (
 )
 from lifecycle_es.canonical import canonical_bytes, iso_ms
 from lifecycle_es.events import ReclaimCompleted, RunnerParked, encode
+from lifecycle_es.signing import generate_key, load_signer
 from lifecycle_es.sqlite_profile import apply_profile, set_foreign_keys
 from lifecycle_es.sqlite_schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
+from lifecycle_es.store import WriteTransaction
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -440,6 +443,40 @@ def test_seal_of_an_empty_store(tmp_path: Path) -> None:
         assert store.seal().seq == 0
     with EventStore.open(path) as store:
         store.append_unchecked("runner-1", [ReclaimCompleted(generation=1)])
+
+
+@pytest.mark.parametrize("how", ["commit", "transaction"])
+@pytest.mark.parametrize("what", ["seal", "checkpoint"])
+def test_a_seal_or_checkpoint_inside_a_write_is_refused_and_writes_nothing(tmp_path: Path, what: str,
+                                                                           how: str) -> None:
+    """The head inside a write is not committed yet: sealed or signed there and then rolled back, it would leave
+    the log behind its seal for good. Refused as the store refuses any nested transaction; no file is written."""
+    path = tmp_path / "events.db"
+    make_store(path)
+    generate_key(tmp_path / "ops.key", name="ops")
+    signer = load_signer(tmp_path / "ops.key")
+    with EventStore.open(path) as store:
+        head = store.head()
+
+        def work(tx: WriteTransaction) -> None:
+            tx.append_unchecked("runner-1", [ReclaimCompleted(generation=4)])
+            if what == "seal":
+                store.seal(tmp_path / "inside.seal")
+            else:
+                store.checkpoint(signer, tmp_path / "inside.checkpoints")
+
+        with raises_exactly(StoreError) as refused:
+            if how == "commit":
+                store.commit("seals inside", work)
+            else:
+                with store.transaction("seals inside") as tx:
+                    work(tx)
+        assert f"cannot {what} the head within a write transaction" in str(refused.value)
+        assert store.head() == head  # the work's append rolled back with it
+        assert not (tmp_path / "inside.seal").exists() and not (tmp_path / "inside.checkpoints").exists()
+        assert store.seal().seq == head.seq  # outside a write, as ever
+    with EventStore.open(path, seal=f"{path}.seal") as store:
+        assert store.verify().events == head.seq
 
 
 def test_explicit_missing_seal_is_an_io_error(tmp_path: Path) -> None:
