@@ -222,7 +222,7 @@ class AsyncEventStore:
     async def _follow(self, last: int, poll_interval: float, stream: str | None) -> AsyncIterator[RecordedEvent]:
         # The highest seq the log is known to have held up to the follower's place (yielded, or held at its start):
         # a head found below it is a log cut back under the follower, even one that has yielded nothing yet.
-        reached, reached_hash = await self.run(following.held, self.store, last), None
+        reached, reached_hash = await self.run(following.held, self.store, last)
         while True:
             page = await self.run(self._page, last, stream, reached, reached_hash)
             for recorded in page:

@@ -35,24 +35,31 @@ def checked(after: object, poll_interval: object, stream: object,
     return safe_int(after, "after"), interval, watched
 
 
-def held(store: EventStore, after: int) -> int:
-    """What a follower starting after seq `after` holds of the log: the lower of `after` and the head now."""
+def held(store: EventStore, after: int) -> tuple[int, bytes | None]:
+    """What a follower starting after seq `after` holds of the log: the lower of `after` and the head now, and the
+    hash of the event there (None for none, or for a hash no append writes: the audit's to name). Checked like the
+    hash of an event it yielded, so that a log cut back and grown again past that seq before its first look is
+    seen, not followed on from events it no longer holds."""
+    backend = store.backend
     with store.lock:
-        head = store.backend.head()[0]
-    return min(after, head)
+        head, digest, _ = backend.head()
+        if 0 < after < head:
+            row = backend.row_at(after)
+            head, digest = after, row[7] if row is not None else None
+    return head, digest if type(digest) is bytes and len(digest) == 32 else None
 
 
 def follow_log(store: EventStore, last: int, poll_interval: float, stream: str | None,
-               stop: threading.Event | None, *, held: int = 0) -> Iterator[RecordedEvent]:
+               stop: threading.Event | None, *, held: tuple[int, bytes | None] = (0, None)) -> Iterator[RecordedEvent]:
     """`EventStore.follow`'s events (its arguments checked there): read whenever the backend's data version or
     this handle's own commits moved, checked with `check_followed` after each read. `held`: a seq the log held
-    when the follower started after it (the lower of its start and the head then)."""
+    when the follower started after it (the lower of its start and the head then), and its event's hash (`held`)."""
     backend = store.backend
     seen: tuple[int, int] | None = None
     # The highest seq the log is known to have held up to the follower's place (yielded, or held at its start):
     # a head found below it is a log cut back under the follower, even one that has yielded nothing yet. The
-    # hash of the last event yielded: one found changed is a log cut back and grown again between two polls.
-    reached, reached_hash = held, None
+    # hash of the event there: one found changed is a log cut back and grown again between two polls.
+    reached, reached_hash = held
     while stop is None or not stop.is_set():
         try:
             with store.lock:

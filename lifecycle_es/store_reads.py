@@ -128,7 +128,8 @@ class StoreReads:
         `poll_interval` (on a server, woken at once by an append's NOTIFY). Stops when `stop` is set, or
         when the caller stops iterating. A log cut back under the follower (its head found below a seq it
         yielded, or below `after` and the head as this call found it: rows deleted, an older copy put back)
-        raises IntegrityError at the first seq gone, and the store's files replaced underneath raise
+        raises IntegrityError at the first seq gone; so does the event there found rewritten (the last one it
+        yielded, or before that the one it started after); the store's files replaced underneath raise
         StoreFencedError (see `check_followed`). The head is read here, not at the first iteration: called
         in the read transaction its caller listed the log's tail in, it holds the follower to that tail.
         """

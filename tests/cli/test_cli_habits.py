@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 from fleets import CLI, HOOK, KEY, attack, copy_store, long_in, one_error_line, run
 
@@ -545,6 +546,34 @@ def test_follow_that_printed_only_the_tail_still_sees_the_log_cut_back_under_it(
         _, rest, err = follower.stop()
         assert rest == b"" and b"Traceback" not in err
         assert f"head went back from seq {head} to".encode() in err, err
+    finally:
+        follower.close()
+
+
+def test_follow_that_printed_only_the_tail_sees_it_rewritten_by_a_restore_of_the_same_length(
+        fleet_log: FleetLog, tmp_path: Path) -> None:
+    # An older copy whose last two events differ is restored into the file through SQLite (its backup API: one
+    # transaction, the same length), then the log grows: only the hash at the seq it printed last tells.
+    path = copy_store(fleet_log[0], tmp_path / "followed.db", seal=False)
+    other = copy_store(fleet_log[0], tmp_path / "other.db", seal=False)
+    head = fleet_log[1]["head"]
+    attack(other, ("DELETE FROM events WHERE seq > ?", (head - 2,)))
+    assert [append_lease(other, "runner-1", f"s-other-{n}") for n in range(2)] == [head - 1, head]
+    follower = Follower(path, "-n", "2", "-f", "-j")
+    try:
+        assert [event["seq"] for event in follower.lines(2)] == [head - 1, head]
+        source, target = apsw.Connection(str(other)), apsw.Connection(str(path))
+        try:
+            with target.backup("main", source, "main") as backup:
+                backup.step()
+        finally:
+            source.close()
+            target.close()
+        assert [append_lease(path, "runner-1", f"s-{n}") for n in range(2)] == [head + 1, head + 2]
+        assert follower.proc.wait(timeout=60) == 65
+        _, rest, err = follower.stop()
+        assert rest == b"" and b"Traceback" not in err
+        assert f"the event at seq {head} changed while it was followed".encode() in err, err
     finally:
         follower.close()
 

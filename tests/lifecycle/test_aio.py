@@ -335,3 +335,39 @@ def test_a_follower_that_has_yielded_nothing_still_sees_the_log_cut_back_below_i
                     await asyncio.gather(follow(), cut_after_a_poll())
 
     asyncio.run(main())
+
+
+def test_a_follower_that_has_yielded_nothing_sees_its_start_rewritten_and_grown_past(tmp_path: Path) -> None:
+    # Started after the head (seq 4), which it holds from its first poll: cut back to seq 2 and written again
+    # past seq 4 before anything is yielded, the log's new seqs 5.. are not the ones that followed its seq 4.
+    async def main() -> None:
+        path = tmp_path / "events.db"
+        async with await AsyncEventStore.open(path) as store:
+            for generation in range(1, 5):
+                await store.append_unchecked("x", [ReclaimCompleted(generation=generation)])
+            polled, rewritten = threading.Event(), threading.Event()
+            page = store._page
+
+            def spy(after: int, stream: str | None, reached: int, reached_hash: bytes | None) -> list[RecordedEvent]:
+                if polled.is_set():  # the next poll waits for the whole rewrite: only the hash at seq 4 tells
+                    rewritten.wait(GUARD_S)
+                found = page(after, stream, reached, reached_hash)
+                polled.set()
+                return found
+
+            store._page = spy  # type: ignore[method-assign]
+
+            async def follow() -> None:
+                async for recorded in store.follow(after=4, poll_interval=0.001):
+                    raise AssertionError(f"seq {recorded.seq} yielded from a log rewritten under the follower")
+
+            async def rewrite_after_a_poll() -> None:
+                await asyncio.to_thread(polled.wait, GUARD_S)
+                await asyncio.to_thread(cut_back_and_regrow, path)
+                rewritten.set()
+
+            with pytest.raises(IntegrityError, match="event at seq 4 changed while it was followed"):
+                async with asyncio.timeout(GUARD_S):
+                    await asyncio.gather(follow(), rewrite_after_a_poll())
+
+    asyncio.run(main())

@@ -523,6 +523,33 @@ def test_follow_raises_when_the_log_is_cut_back_and_written_again_between_two_po
         assert "changed while it was followed" in str(rewritten)
 
 
+@pytest.mark.parametrize("after", [6, 5], ids=["at-the-head", "below-the-head"])
+def test_a_follower_that_has_yielded_nothing_sees_its_start_rewritten_and_grown_past(tmp_path: Any,
+                                                                                    after: int) -> None:
+    """Started after seq `after`, the follower holds the event there: a log cut back below it and written again
+    past it before the first look (an older copy restored, then appended to) is seen at that seq, not followed on
+    from as if the new events came after the ones its caller already has."""
+    path = str(tmp_path / "restored.db")
+    with EventStore.open(path) as store:
+        six_events(store)
+        stop = threading.Event()
+        timer = guarded(stop)
+        follower = store.follow(after=after, poll_interval=0.01, stop=stop)
+        with raw_sql(path) as run:
+            (trigger,), = run("SELECT sql FROM sqlite_schema WHERE name = 'events_no_delete'")
+            run("DROP TRIGGER events_no_delete")
+            run("DELETE FROM events WHERE seq > 4")
+            run(trigger)
+        with EventStore.open(path) as other:
+            other.append_unchecked("z", [ReclaimCompleted(generation=generation) for generation in range(5, 10)])
+        try:
+            with pytest.raises(IntegrityError) as rewritten:
+                next(follower)
+        finally:
+            timer.cancel()
+        assert rewritten.value.seq == after and "changed while it was followed" in str(rewritten.value)
+
+
 def test_check_followed_refuses_a_hash_that_is_no_hash(store: EventStore) -> None:
     six_events(store)
     for bad in (b"short", "a" * 32, bytearray(32)):
