@@ -17,12 +17,13 @@ on. Every caller returns only once the batch's commit is durable. When the commi
 caller whose work had succeeded gets that failure (its own copy of it); a commit whose outcome is
 unknown has fenced the store by then (`WriteTransaction`), exactly as a lone commit does. When the
 database ends the transaction under a savepoint (a full disk, an I/O error), the whole batch fails.
-An interrupt (an exception that is no Exception: KeyboardInterrupt, SystemExit) raised while the main
-thread serves a batch is that thread's, where a signal lands: the batch is rolled back, the writer raises
-it, and every other caller gets a StoreIOError saying nothing was committed; during the commit itself, the
-outcome is unknown and the store is fenced. In any other thread no signal lands, so what a work raises
-there, an exception that is no Exception included (sys.exit(), asyncio.CancelledError), is its own caller's,
-rolled back alone as a refusal is.
+An interrupt (a signal's exception: a KeyboardInterrupt, or what a Python signal handler raises, a SIGTERM
+handler's SystemExit) raised while the main thread serves a batch is that thread's, where a signal lands: the
+batch is rolled back, the writer raises it, and every other caller gets a StoreIOError saying nothing was
+committed; during the commit itself, the outcome is unknown and the store is fenced. Any other exception a work
+raises, one that is no Exception included (sys.exit(), GeneratorExit, asyncio.CancelledError), is its own
+caller's, rolled back alone as a refusal is, whichever thread writes the batch; only a KeyboardInterrupt a work
+raises itself cannot be told from Ctrl-C's in the main thread.
 
 A caller whose wait is interrupted (a signal's exception, KeyboardInterrupt, in the main thread) leaves
 the queue, and its work never runs; when a writer had already taken it into a batch, its work may still
@@ -40,11 +41,14 @@ less than `linger_ms` ago. A store that was idle never lingers.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import signal
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
+from types import CodeType, FunctionType, MethodType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import forked
@@ -115,6 +119,40 @@ def _copy(error: BaseException) -> BaseException:
     except Exception:  # an exception that cannot be made so: raise the one there is
         return error
     return clone
+
+
+def _signal_raised(exc: BaseException) -> bool:
+    """Whether `exc`, no Exception, raised in the main thread while it ran a work of the batch, may be a signal's
+    rather than the work's own: a KeyboardInterrupt (Python's SIGINT handler raises it wherever the main thread
+    is), or one raised in a frame of a Python signal handler installed now (a SIGTERM handler's sys.exit()). Any
+    other (a work's own sys.exit(), GeneratorExit, a task's CancelledError) is its caller's, as in any thread."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    handlers = set()
+    for number in signal.valid_signals():
+        try:
+            code = _code_of(signal.getsignal(number))
+        except (OSError, ValueError):
+            continue
+        if code is not None:
+            handlers.add(code)
+    trace = exc.__traceback__
+    while trace is not None:
+        if trace.tb_frame.f_code in handlers:
+            return True
+        trace = trace.tb_next
+    return False
+
+
+def _code_of(handler: object) -> CodeType | None:
+    """The code a Python signal handler runs (a function, a bound method, a partial of either, an object's
+    ``__call__``); None for SIG_DFL, SIG_IGN and C handlers."""
+    while isinstance(handler, functools.partial | MethodType):
+        handler = handler.func if isinstance(handler, functools.partial) else handler.__func__
+    if isinstance(handler, FunctionType):
+        return handler.__code__
+    call = inspect.getattr_static(type(handler), "__call__", None)
+    return call.__code__ if isinstance(call, FunctionType) else None
 
 
 def _batch_name(first: str, size: int) -> str:
@@ -352,8 +390,9 @@ class GroupCommit:
             except BaseException as exc:
                 if forked.generation != forks:
                     raise  # the batch ends here in the child, its transaction left alone (`WriteTransaction`)
-                if not isinstance(exc, Exception) and threading.current_thread() is threading.main_thread():
-                    raise  # may be a signal's, which lands in the main thread only: the writer's (`_interrupted`)
+                if not isinstance(exc, Exception) and threading.current_thread() is threading.main_thread() \
+                        and _signal_raised(exc):
+                    raise  # a signal's, which lands in the main thread only: the writer's (`_interrupted`)
                 caller.error = exc
                 self._store._rollbacks += 1  # its writes are undone: what a projector kept of them is stale
                 if savepoint.lost:

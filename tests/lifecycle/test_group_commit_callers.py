@@ -72,14 +72,14 @@ def test_what_a_work_raises_in_a_thread_no_signal_reaches_is_its_callers_alone(s
 
 def test_an_interrupt_in_a_batch_the_main_thread_writes_is_the_main_threads(store_target: str,
                                                                              tmp_path: Path) -> None:
-    # In the main thread, where a signal's handler raises, an interrupt in any command's work may be the
-    # signal's: the main thread raises it, and the other callers learn that nothing of the batch committed.
+    # In the main thread, where a signal's handler raises, Ctrl-C's KeyboardInterrupt in any command's work may be
+    # the signal's: the main thread raises it, and the other callers learn that nothing of the batch committed.
     with EventStore.open(store_target, now=FakeClock()) as store:
         a, c = handle(store, tmp_path, "runner-a"), handle(store, tmp_path, "runner-c")
 
         def interrupted(tx: WriteTransaction) -> None:
             tx.stream_version("runner-b")
-            raise Interrupted
+            raise KeyboardInterrupt
 
         held = Held(store)
 
@@ -91,7 +91,7 @@ def test_an_interrupt_in_a_batch_the_main_thread_writes_is_the_main_threads(stor
 
         others = threading.Thread(target=queue_behind_the_main_thread)
         others.start()
-        with pytest.raises(Interrupted):
+        with pytest.raises(KeyboardInterrupt):
             a.initialize()  # queued first: the main thread writes the next batch
         others.join(20)
         outcomes = held.release()

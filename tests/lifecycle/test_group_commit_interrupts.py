@@ -6,7 +6,9 @@ begins (a trace's call event), the storm lands real signals wherever they fall."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -128,6 +130,85 @@ def test_a_second_interrupt_as_the_answers_begin_still_answers_every_caller(tmp_
         for name in ("one", "two"):
             assert (name in committed) == (outcomes[name] == name), (name, outcomes[name], committed)
     finally:
+        store.close()
+
+
+def raising(kind: type[BaseException]) -> Any:
+    def work(tx: Any) -> None:
+        tx.append_unchecked("bad", [EVENT])
+        raise kind("the work's own")
+    return work
+
+
+def caught(call: Any) -> Any:
+    """`call`, returning what it raised, an exception that is no Exception included (`Held` keeps Exceptions)."""
+    def run() -> Any:
+        try:
+            return call()
+        except BaseException as exc:
+            return exc
+    return run
+
+
+@pytest.mark.parametrize("kind", [SystemExit, GeneratorExit, asyncio.CancelledError])
+def test_what_another_threads_work_raises_is_its_own_when_the_main_thread_writes_the_batch(
+        tmp_path: Path, kind: type[BaseException]) -> None:
+    """No signal raised it: the work did (sys.exit() in a worker, a task's cancellation). Its caller's alone,
+    rolled back alone, whichever thread writes the batch; the main thread's own command and the others commit."""
+    store = EventStore.open(tmp_path / "events.db", durability="normal")
+    try:
+        held = Held(store)
+        group = store.group_commit
+
+        def later() -> None:
+            deadline = time.monotonic() + GUARD_S
+            while group.queued < 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            held.queue("bad", caught(lambda: store.commit("bad", raising(kind))))
+            held.queue("two", appending(store, "two"))
+            held.gate.set()
+
+        threading.Thread(target=later, daemon=True).start()
+        mine = store.commit("main", lambda tx: tx.append_unchecked("main", [EVENT]) and "main")
+        outcomes = held.release()
+        assert mine == "main" and outcomes["two"] == "two"
+        assert type(outcomes["bad"]) is kind and str(outcomes["bad"]) == "the work's own"
+        assert set(store.streams()) == {"main", "two"}
+    finally:
+        store.close()
+
+
+def test_a_signal_handlers_exit_while_the_main_thread_writes_is_the_main_threads(tmp_path: Path) -> None:
+    """A SIGTERM handler's sys.exit() lands in the main thread, in whichever work it runs: that is an interrupt of
+    the main thread, not the work's, so the batch is rolled back and every other caller told nothing committed."""
+    store = EventStore.open(tmp_path / "events.db", durability="normal")
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(7))
+    try:
+        held = Held(store)
+        group = store.group_commit
+
+        def signalled(tx: Any) -> None:
+            tx.append_unchecked("signalled", [EVENT])
+            os.kill(os.getpid(), signal.SIGTERM)  # handled in the main thread, where this work runs
+
+        def later() -> None:
+            deadline = time.monotonic() + GUARD_S
+            while group.queued < 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            held.queue("signalled", lambda: store.commit("signalled", signalled))
+            held.queue("two", appending(store, "two"))
+            held.gate.set()
+
+        threading.Thread(target=later, daemon=True).start()
+        with pytest.raises(SystemExit) as exited:
+            store.commit("main", lambda tx: tx.append_unchecked("main", [EVENT]) and "main")
+        outcomes = held.release()
+        assert exited.value.code == 7
+        for name in ("signalled", "two"):
+            assert isinstance(outcomes[name], StoreIOError) and "nothing of it was committed" in str(outcomes[name])
+        assert store.streams() == []
+    finally:
+        signal.signal(signal.SIGTERM, previous)
         store.close()
 
 
