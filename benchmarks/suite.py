@@ -1,6 +1,7 @@
 """The suite: which benchmark modules exist, the context they run in, the command line and the report.
 
     python -m benchmarks [--quick] [--only NAME ...] [--out DIR] [--data-dir DIR] [--keep-data]
+    python -m benchmarks --only reads audit timeline  (the long ones, which a whole run leaves out)
     python -m benchmarks.store [--quick] ...        (one module alone, same options)
 
 Every module exposes ``run(context) -> list[Figure]``. The suite prints one table and writes the figures
@@ -31,6 +32,9 @@ from pathlib import Path
 from .measure import Figure, cpu_count, failed, table
 
 MODULES = ("store", "lifecycle", "throughput", "postgres", "soak")
+# Modules `--only` also runs, left out of a whole run for their length: each builds logs of up to 2M events
+# (the read side at 1M, the audit and rebuild, the timeline); each runs alone as `python -m benchmarks.NAME`.
+LONG_MODULES = ("reads", "audit", "timeline")
 # Modules that run for minutes whatever the mode (postgres: a cluster's start and a minute of rounds even
 # when quick): --quick leaves them out unless --only names them.
 NOT_QUICK = ("postgres", "soak")
@@ -101,8 +105,9 @@ def _parse(argv: Sequence[str] | None, prog: str, whole_suite: bool) -> argparse
         description="lifecycle-es benchmarks: ratios against baselines measured in the same run.")
     parser.add_argument("--quick", action="store_true", help="smaller logs and fewer rounds (under 2 minutes)")
     if whole_suite:
-        parser.add_argument("--only", nargs="+", choices=MODULES, metavar="NAME",
-                            help=f"run only these modules ({', '.join(MODULES)})")
+        parser.add_argument("--only", nargs="+", choices=MODULES + LONG_MODULES, metavar="NAME",
+                            help=f"run only these modules ({', '.join(MODULES + LONG_MODULES)}; the last "
+                                 f"{len(LONG_MODULES)} build logs of up to 2M events and run only when named)")
     parser.add_argument("--out", default=str(RESULTS), help="directory for the JSON figures (default: %(default)s)")
     parser.add_argument("--data-dir", default=None,
                         help="where the benchmark logs are built (default: a fresh temporary directory)")

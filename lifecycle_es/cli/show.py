@@ -29,8 +29,9 @@ def register(subparsers: Any) -> None:
     """Add the ``show`` subcommand."""
     parser = subparsers.add_parser(
         "show", help="the fleet, or one runner and its leases, as of now or any seq",
-        description="Replay the log and print every runner (state, generation, policy revision, proxy, drain "
-                    "deadline, lease counts), or one runner with its leases. Read-only.")
+        description="Print every runner (state, generation, policy revision, proxy, drain deadline, lease "
+                    "counts), or one runner with its leases: each runner folded through the rules from its "
+                    "snapshot when the snapshot's tag verifies, else from its first event. Read-only.")
     parser.add_argument("file", metavar="FILE", help="the store file")
     parser.add_argument("runner", metavar="RUNNER", nargs="?", type=runner_arg,
                         help="one runner id (default: the whole fleet)")
