@@ -30,9 +30,9 @@ import itertools
 import os
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from . import following
 from .backend import PAGE_ROWS
@@ -41,15 +41,20 @@ from .events import Event
 from .host_fence import HostLeaseGrant
 from .lifecycle import RunnerLifecycle
 from .log import Head, RecordedEvent, VerifyReport
-from .receipts import DrainParkSnapshot, HookReceipt, LeaseParkSnapshot, LeaseReceipt, PollResult, RunnerSnapshot
+from .receipts import RunnerSnapshot
 from .seal import Seal
 from .state import RunnerState
 from .store import EventStore, WriteTransaction
 from .values import safe_callable, safe_int
 
+if TYPE_CHECKING:
+    from .checkpoints import Checkpoint
+    from .signing import Signer
+
 __all__ = ["DEFAULT_THREADS", "AsyncEventStore", "AsyncRunnerLifecycle"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 DEFAULT_THREADS = 64
 """How many threads an `AsyncEventStore` runs blocking calls in: at most this many commands wait for one commit."""
@@ -143,12 +148,12 @@ class AsyncEventStore:
 
     # --- writing ---------------------------------------------------------------------------------------
 
-    async def append(self, stream: str, events: list[Event], *, expected_version: int | None = None,
+    async def append(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
                      at: str | None = None) -> list[RecordedEvent]:
         """`EventStore.append`, awaited (in a batch with the other tasks' writes)."""
         return await self.run(self.store.append, stream, events, expected_version=expected_version, at=at)
 
-    async def append_unchecked(self, stream: str, events: list[Event], *, expected_version: int | None = None,
+    async def append_unchecked(self, stream: str, events: Sequence[Event], *, expected_version: int | None = None,
                                at: str | None = None) -> list[RecordedEvent]:
         """`EventStore.append_unchecked`, awaited."""
         return await self.run(self.store.append_unchecked, stream, events, expected_version=expected_version, at=at)
@@ -182,13 +187,46 @@ class AsyncEventStore:
         """`EventStore.event_at`, awaited."""
         return await self.run(self.store.event_at, seq)
 
-    async def verify(self, **options: Any) -> VerifyReport:
-        """`EventStore.verify`, awaited (it holds the connection for the whole walk: writes wait)."""
-        return await self.run(self.store.verify, **options)
+    async def verify(self, *, key: bytes | None = None, seal: str | os.PathLike[str] | None = None,
+                     progress: Callable[[int], None] | None = None) -> VerifyReport:
+        """`EventStore.verify`, awaited (it holds the connection for the whole walk: writes wait). `progress` is
+        called in the store's thread, not on the loop."""
+        return await self.run(self.store.verify, key=key, seal=seal, progress=progress)
 
-    async def seal(self, path: Any = None) -> Seal:
+    async def seal(self, path: str | os.PathLike[str] | None = None) -> Seal:
         """`EventStore.seal`, awaited."""
         return await self.run(self.store.seal, path)
+
+    async def check_seal(self, path: str | os.PathLike[str], *, key: bytes | None = None) -> Seal:
+        """`EventStore.check_seal`, awaited."""
+        return await self.run(self.store.check_seal, path, key=key)
+
+    async def checkpoint(self, signer: Signer, path: str | os.PathLike[str] | None = None) -> Checkpoint:
+        """`EventStore.checkpoint`, awaited."""
+        return await self.run(self.store.checkpoint, signer, path)
+
+    async def schema_problems(self) -> list[str]:
+        """`EventStore.schema_problems`, awaited."""
+        return await self.run(self.store.schema_problems)
+
+    @property
+    def path(self) -> str:
+        """`EventStore.path`: the store's file, or its server URL."""
+        return self.store.path
+
+    @property
+    def keyed(self) -> bool:
+        """`EventStore.keyed`."""
+        return self.store.keyed
+
+    @property
+    def fenced(self) -> str | None:
+        """`EventStore.fenced`: the fence's cause, or None."""
+        return self.store.fenced
+
+    def fence(self, cause: str) -> None:
+        """`EventStore.fence` (no I/O): refuse every later write."""
+        self.store.fence(cause)
 
     def read(self, *, after: int = 0, stream: str | None = None,
              limit: int | None = None) -> AsyncIterator[RecordedEvent]:
@@ -320,6 +358,22 @@ def _in_child() -> None:
 os.register_at_fork(after_in_child=_in_child)
 
 
+def _awaited(method: Callable[Concatenate[RunnerLifecycle, P], T]
+             ) -> Callable[Concatenate[AsyncRunnerLifecycle, P], Coroutine[Any, Any, T]]:
+    """`AsyncRunnerLifecycle`'s form of a `RunnerLifecycle` command: the same parameters (typed, and shown by
+    ``help()``), awaited, run in one of the store's threads."""
+    name = method.__name__
+
+    async def command(self: AsyncRunnerLifecycle, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self.store.run(getattr(self.lifecycle, name), *args, **kwargs)
+
+    command.__name__ = name
+    command.__qualname__ = f"AsyncRunnerLifecycle.{name}"
+    command.__doc__ = f"`RunnerLifecycle.{name}`, awaited."
+    command.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
+    return command
+
+
 class AsyncRunnerLifecycle:
     """A `RunnerLifecycle` whose commands are awaited; it takes the same arguments, on an `AsyncEventStore`.
 
@@ -353,53 +407,18 @@ class AsyncRunnerLifecycle:
         """`RunnerLifecycle.state`, awaited."""
         return await self.store.run(self.lifecycle.state)
 
-    async def acquire_lease(self, **arguments: Any) -> LeaseReceipt:
-        """`RunnerLifecycle.acquire_lease`, awaited."""
-        return await self.store.run(self.lifecycle.acquire_lease, **arguments)
-
-    async def assert_poll(self, **arguments: Any) -> PollResult:
-        """`RunnerLifecycle.assert_poll`, awaited."""
-        return await self.store.run(self.lifecycle.assert_poll, **arguments)
-
-    async def rotate_proxy_authority(self, **arguments: Any) -> RunnerSnapshot:
-        """`RunnerLifecycle.rotate_proxy_authority`, awaited."""
-        return await self.store.run(self.lifecycle.rotate_proxy_authority, **arguments)
-
-    async def refresh_lease_authority(self, **arguments: Any) -> LeaseReceipt:
-        """`RunnerLifecycle.refresh_lease_authority`, awaited."""
-        return await self.store.run(self.lifecycle.refresh_lease_authority, **arguments)
-
-    async def request_drain(self, **arguments: Any) -> RunnerSnapshot:
-        """`RunnerLifecycle.request_drain`, awaited."""
-        return await self.store.run(self.lifecycle.request_drain, **arguments)
-
-    async def settle_lease(self, **arguments: Any) -> RunnerSnapshot:
-        """`RunnerLifecycle.settle_lease`, awaited."""
-        return await self.store.run(self.lifecycle.settle_lease, **arguments)
-
-    async def park_lease(self, **arguments: Any) -> LeaseParkSnapshot:
-        """`RunnerLifecycle.park_lease`, awaited."""
-        return await self.store.run(self.lifecycle.park_lease, **arguments)
-
-    async def park_expired_drain(self, **arguments: Any) -> DrainParkSnapshot:
-        """`RunnerLifecycle.park_expired_drain`, awaited."""
-        return await self.store.run(self.lifecycle.park_expired_drain, **arguments)
-
-    async def begin_reclaim(self, **arguments: Any) -> RunnerSnapshot:
-        """`RunnerLifecycle.begin_reclaim`, awaited."""
-        return await self.store.run(self.lifecycle.begin_reclaim, **arguments)
-
-    async def complete_reclaim(self, **arguments: Any) -> RunnerSnapshot:
-        """`RunnerLifecycle.complete_reclaim`, awaited."""
-        return await self.store.run(self.lifecycle.complete_reclaim, **arguments)
-
-    async def record_host_facts(self, events: list[Event]) -> list[RecordedEvent]:
-        """`RunnerLifecycle.record_host_facts`, awaited."""
-        return await self.store.run(self.lifecycle.record_host_facts, events)
-
-    async def take_host_lease(self, **arguments: Any) -> HostLeaseGrant:
-        """`RunnerLifecycle.take_host_lease`, awaited."""
-        return await self.store.run(self.lifecycle.take_host_lease, **arguments)
+    acquire_lease = _awaited(RunnerLifecycle.acquire_lease)
+    assert_poll = _awaited(RunnerLifecycle.assert_poll)
+    rotate_proxy_authority = _awaited(RunnerLifecycle.rotate_proxy_authority)
+    refresh_lease_authority = _awaited(RunnerLifecycle.refresh_lease_authority)
+    request_drain = _awaited(RunnerLifecycle.request_drain)
+    settle_lease = _awaited(RunnerLifecycle.settle_lease)
+    park_lease = _awaited(RunnerLifecycle.park_lease)
+    park_expired_drain = _awaited(RunnerLifecycle.park_expired_drain)
+    begin_reclaim = _awaited(RunnerLifecycle.begin_reclaim)
+    complete_reclaim = _awaited(RunnerLifecycle.complete_reclaim)
+    record_host_facts = _awaited(RunnerLifecycle.record_host_facts)
+    take_host_lease = _awaited(RunnerLifecycle.take_host_lease)
 
     async def renew_host_lease(self, grant: HostLeaseGrant) -> HostLeaseGrant:
         """`RunnerLifecycle.renew_host_lease`, awaited."""
@@ -413,6 +432,4 @@ class AsyncRunnerLifecycle:
         """`RunnerLifecycle.hold_host_lease` (no I/O: it only says which lease this handle writes under)."""
         self.lifecycle.hold_host_lease(grant)
 
-    async def authorize_post_session_hook(self, **arguments: Any) -> HookReceipt:
-        """`RunnerLifecycle.authorize_post_session_hook`, awaited."""
-        return await self.store.run(self.lifecycle.authorize_post_session_hook, **arguments)
+    authorize_post_session_hook = _awaited(RunnerLifecycle.authorize_post_session_hook)

@@ -20,6 +20,7 @@ import apsw
 import pytest
 from holding import Held
 
+import lifecycle_es
 from lifecycle_es import (
     EventStore,
     IntegrityError,
@@ -177,8 +178,17 @@ def test_every_command_and_read_of_the_synchronous_api_is_mirrored() -> None:
         return {name for name, value in inspect.getmembers(cls) if not name.startswith("_") and callable(value)}
 
     assert public(RunnerLifecycle) - {"clock"} <= public(AsyncRunnerLifecycle)
-    assert {"append", "append_unchecked", "commit", "event_at", "follow", "head", "read", "read_stream", "seal",
-            "stream_version", "streams", "verify"} <= public(AsyncEventStore)
+    mirrored = {"append", "append_unchecked", "check_seal", "checkpoint", "commit", "event_at", "fence", "head", "read",
+                "read_stream", "schema_problems", "seal", "stream_version", "streams", "verify"}
+    assert mirrored | {"follow"} <= public(AsyncEventStore)
+    # The same parameters, so that help() and a type checker show them (follow has no `stop`: cancel the task).
+    for cls, sync, names in ((AsyncRunnerLifecycle, RunnerLifecycle, public(RunnerLifecycle) - {"clock"}),
+                             (AsyncEventStore, EventStore, mirrored)):
+        for name in names:
+            assert inspect.signature(getattr(cls, name)).parameters == \
+                inspect.signature(getattr(sync, name)).parameters, f"{cls.__name__}.{name}"
+    for name in ("path", "keyed", "fenced"):
+        assert isinstance(getattr(AsyncEventStore, name), property)
     for name in aio.__all__:
         value = getattr(aio, name)
         if inspect.isclass(value):
@@ -369,5 +379,29 @@ def test_a_follower_that_has_yielded_nothing_sees_its_start_rewritten_and_grown_
             with pytest.raises(IntegrityError, match="event at seq 4 changed while it was followed"):
                 async with asyncio.timeout(GUARD_S):
                     await asyncio.gather(follow(), rewrite_after_a_poll())
+
+    asyncio.run(main())
+
+
+def test_the_seal_checkpoint_and_fence_of_the_synchronous_store_are_awaited_too(tmp_path: Path) -> None:
+    from lifecycle_es.signing import generate_key, load_signer
+
+    generate_key(tmp_path / "ops.key", name="ops")
+
+    async def main() -> None:
+        async with await AsyncEventStore.open(tmp_path / "events.db", now=FakeClock()) as store:
+            assert store.path == str(tmp_path / "events.db") and store.keyed is False and store.fenced is None
+            await runner(store, tmp_path, "runner-1").initialize()
+            sealed = await store.seal()
+            assert (await store.check_seal(tmp_path / "events.db.seal")) == sealed
+            signed = await store.checkpoint(load_signer(tmp_path / "ops.key"))
+            assert signed.seq == 1 and await store.schema_problems() == []
+            assert (await store.verify(seal=tmp_path / "events.db.seal")).events == 1
+            store.fence("the operator's")
+            assert store.fenced is not None and "the operator's" in store.fenced
+            with pytest.raises(StoreFencedError):
+                await store.append_unchecked("runner-1", [ReclaimCompleted(generation=2)])
+        report = lifecycle_es.audit(tmp_path / "events.db", trust=tmp_path / "ops.key.pub")
+        assert report.ok, report.problems
 
     asyncio.run(main())
