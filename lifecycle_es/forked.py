@@ -5,7 +5,8 @@ server's session is one socket, and a lock a thread of the parent held at the fo
 in the child. So every store this process opens is tracked, and in a child forked from it (``os.fork``,
 ``multiprocessing``'s default on Linux) each is fenced at once (`EventStore._inherited`): its backend is
 swapped for one whose every use raises the fence, and the real one is kept, never closed or collected,
-since finalizing it in the child would end the session a server shares with the parent.
+since finalizing it in the child would end the session a server shares with the parent. A store file that a
+thread of the parent was writing at the fork cannot be written from the child at all (`written_at_fork`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ if TYPE_CHECKING:
 
 _OPEN: weakref.WeakSet[EventStore] = weakref.WeakSet()
 _KEPT: list[Backend] = []
+written_at_fork: set[tuple[int, int]] = set()
+"""The (device, inode) of every store file a connection of an ancestor process had a write transaction open on
+when this process was forked from it. SQLite keeps, per process, what its connections lock on a file; the
+child's copy says that write is still going on, and no connection the child opens can ever write that file (it
+waits for a lock nothing here will release): such a write is refused at once (`SqliteBackend`)."""
 generation = 0
 """How many forks this process is from the one that imported this module: a transaction begun at another
 generation was begun by the parent, and the thread that forked is unwinding through it in the child, where
@@ -54,6 +60,12 @@ def _in_child() -> None:
     global generation
     generation += 1
     for store in list(_OPEN):
+        try:  # a backend without the notion (a server's), or one fenced by an earlier fork, names none
+            written = getattr(store.backend, "written_at_fork", lambda: None)()
+        except Exception:
+            written = None
+        if written is not None:
+            written_at_fork.add(written)
         store._inherited()
 
 

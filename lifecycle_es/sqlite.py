@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import apsw
 
+from . import forked
 from .backend import MAX_EVENT_BYTES, MAX_FIELD_BYTES, PAGE_BYTES, PAGE_ROWS, Row, Tail, paged, stream_paged
 from .backend import oversized_meta as _oversized_meta
 from .errors import IntegrityError, StoreFencedError, StoreFormatError, StoreIOError
@@ -119,6 +120,9 @@ class SqliteBackend(ReadModelTables, CacheTables):
             self.conn.close()
             raise StoreIOError(f"open {path!r}: {exc.strerror}") from exc
         self.identity = self.files.identity
+        # A store file an ancestor process was writing when it forked this one: SQLite's copy of its lock here
+        # would make every write wait for ever (`forked.written_at_fork`).
+        self.written_by_parent = self.identity in forked.written_at_fork
 
     def _connect(self, path: str, vfs: str | None, read_only: bool) -> apsw.Connection:
         """Open the connection: read-write, or for a `read_only` store SQLITE_OPEN_READONLY.
@@ -173,6 +177,17 @@ class SqliteBackend(ReadModelTables, CacheTables):
             raise StoreFencedError(cause)
 
     # --- transactions -------------------------------------------------------------------------------
+
+    def written_at_fork(self) -> tuple[int, int] | None:
+        """In a process just forked from this one: the store file's (device, inode) when this connection had a
+        write transaction open at the fork (or may have had: a thread was inside a call on it), else None."""
+        try:
+            writing = self.conn.txn_state("main") == apsw.SQLITE_TXN_WRITE
+        except apsw.ThreadingViolationError:
+            writing = True
+        except apsw.Error:
+            writing = False
+        return self.identity if writing else None
 
     def write(self, action: str, streams: Sequence[str] = ()) -> SqliteTransaction:
         """A write transaction that begins IMMEDIATE (the lock is had before anything is read); `streams` is

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Literal
 import apsw
 
 from .backend import Row, Tail
-from .errors import StoreBehindSealError, StoreIOError
+from .errors import StoreBehindSealError, StoreFencedError, StoreIOError
 from .sqlite_errors import SYNC_FAILURES, translation
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ class SqliteTransaction:
     store's files found changed right after COMMIT (`sqlite_files.OpenedFiles.committed`).
     """
 
-    __slots__ = ("action", "conn", "end", "files", "path")
+    __slots__ = ("action", "conn", "end", "files", "parent_wrote", "path")
 
     def __init__(self, backend: SqliteBackend, action: str) -> None:
         self.path = backend.path
@@ -179,8 +179,17 @@ class SqliteTransaction:
         self.end = backend.log_end
         self.files = backend.files
         self.action = action
+        self.parent_wrote = backend.written_by_parent
 
     def __enter__(self) -> apsw.Connection:
+        if self.parent_wrote:
+            raise StoreFencedError(
+                f"{self.action}: this process was forked while a thread of its parent was writing the store file "
+                f"{self.path!r}. SQLite keeps, in each process, the locks its connections hold on a file, and this "
+                "process's copy says that write is still going on, so no connection opened here can ever write the "
+                "file (it would wait for a lock nothing here releases). Write it from a process not forked from a "
+                "writer: multiprocessing's 'spawn' or 'forkserver' start method, or a fork made before the store "
+                "was opened; reading it from here works")
         try:
             self.conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:

@@ -210,6 +210,62 @@ def test_a_child_forked_inside_a_work_unwinds_while_a_parent_thread_holds_the_qu
         assert [recorded.stream for recorded in store.read()] == ["forking"]
 
 
+@pytest.mark.parametrize("writing", [True, False], ids=["parent-writing", "parent-idle"])
+def test_a_child_forked_while_the_parent_writes_is_refused_writes_at_once_and_reads(tmp_path: Path,
+                                                                                   writing: bool) -> None:
+    # SQLite's per-process record of the parent's write lock is copied into the child, where nothing will ever
+    # release it: a store the child opens anew on that file would wait out its busy timeout on every write, for
+    # ever. Refused at once, saying why and what to do; it reads. Forked while the parent was idle, it writes.
+    path = tmp_path / "events.db"
+    with EventStore.open(path, now=FakeClock()) as store:
+        store.append_unchecked("before", [RECLAIMED])
+        inside, release = threading.Event(), threading.Event()
+
+        def paused(tx: WriteTransaction) -> None:
+            tx.append_unchecked("parent", [RECLAIMED])
+            inside.set()
+            assert release.wait(30)
+
+        writer = threading.Thread(target=lambda: store.commit("paused", paused))
+        if writing:
+            writer.start()
+            assert inside.wait(30)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            outcome = "?"
+            try:
+                with EventStore.open(path, now=FakeClock(), busy_timeout_ms=30_000) as mine:
+                    seqs = [recorded.seq for recorded in mine.read()]
+                    try:
+                        mine.append_unchecked("child", [RECLAIMED])
+                        outcome = f"wrote after reading {seqs}"
+                    except StoreFencedError as exc:
+                        outcome = f"refused after reading {seqs}: {exc}"
+            except BaseException as exc:  # the child reports whatever it met, and exits
+                outcome = f"{type(exc).__name__}: {exc}"
+            finally:
+                os.write(write, outcome.encode())
+                os._exit(0)
+        os.close(write)
+        try:
+            assert wait_child(pid) == 0
+            with os.fdopen(read, "rb") as pipe:
+                outcome = pipe.read().decode()
+        finally:
+            release.set()
+            if writing:
+                writer.join(30)
+        if writing:
+            assert outcome.startswith("refused after reading [1]: "), outcome
+            assert "forked while a thread of its parent was writing" in outcome and "'spawn'" in outcome
+            assert [recorded.stream for recorded in store.read()] == ["before", "parent"]
+        else:
+            assert outcome == "wrote after reading [1]", outcome
+            assert [recorded.stream for recorded in store.read()] == ["before", "child"]
+
+
 RECLAIMED = ReclaimCompleted(generation=2)
 
 
