@@ -69,10 +69,11 @@ class ReadModels:
         A position past `last` (or no seq at all) says the tables describe events the log does not hold: a row
         edited, or a log cut back under them. Resumed from there, they would skip for good the events written
         next, up to that position, and keep rows of what is gone; so they are emptied, and caught up from the
-        start, in this transaction."""
+        start, in this transaction. So are tables with no position (new ones, or rows of unknown provenance):
+        caught up from the start either way, they keep no row the log does not make."""
         backend = store.backend
         position = backend.read_model_position() or 0
-        if type(position) is int and 0 <= position <= last:
+        if type(position) is int and 0 < position <= last:
             return position
         backend.drop_read_models()
         backend.create_read_models()

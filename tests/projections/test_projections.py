@@ -262,14 +262,18 @@ def _drain(handle: RunnerLifecycle) -> None:
     handle.request_drain(expected_generation=handle.snapshot().generation)
 
 
-@pytest.mark.parametrize("position", [-1, 2**60, "ahead"], ids=["negative", "beyond-any-seq", "beyond-the-head"])
+@pytest.mark.parametrize("position", [-1, 2**60, "ahead", "none"],
+                         ids=["negative", "beyond-any-seq", "beyond-the-head", "row-deleted"])
 def test_a_read_model_position_the_log_cannot_have_starts_the_tables_afresh(mixed: Fleet, position: int | str) -> None:
     """Tables whose position is past the head describe events the log does not hold (rows edited, or a log cut
     back under them): they are emptied and caught up from the start, never kept, nor resumed from that position
     (which would skip the events written next, up to it, for good)."""
     head = mixed.store.head().seq
     mixed.store.close()
-    sql(mixed.path, "UPDATE read_model_position SET seq = ?", (head + 6 if position == "ahead" else position,))
+    if position == "none":
+        sql(mixed.path, "DELETE FROM read_model_position")
+    else:
+        sql(mixed.path, "UPDATE read_model_position SET seq = ?", (head + 6 if position == "ahead" else position,))
     sql(mixed.path, f"INSERT INTO runners VALUES ({', '.join(['?'] * len(GHOST_ROW))})", GHOST_ROW)
     with EventStore.open(mixed.path, now=mixed.clock) as other:  # a writer without the read models
         _drain(mixed.handle("runner-a", store=other))
