@@ -41,9 +41,7 @@ from .events import Event
 from .host_fence import HostLeaseGrant
 from .lifecycle import RunnerLifecycle
 from .log import Head, RecordedEvent, VerifyReport
-from .receipts import RunnerSnapshot
 from .seal import Seal
-from .state import RunnerState
 from .store import EventStore, WriteTransaction
 from .values import safe_callable, safe_int
 
@@ -395,18 +393,9 @@ class AsyncRunnerLifecycle:
         """The runner's id (its stream)."""
         return self.lifecycle.runner_id
 
-    async def initialize(self) -> RunnerSnapshot:
-        """`RunnerLifecycle.initialize`, awaited."""
-        return await self.store.run(self.lifecycle.initialize)
-
-    async def snapshot(self) -> RunnerSnapshot:
-        """`RunnerLifecycle.snapshot`, awaited."""
-        return await self.store.run(self.lifecycle.snapshot)
-
-    async def state(self) -> RunnerState:
-        """`RunnerLifecycle.state`, awaited."""
-        return await self.store.run(self.lifecycle.state)
-
+    initialize = _awaited(RunnerLifecycle.initialize)
+    snapshot = _awaited(RunnerLifecycle.snapshot)
+    state = _awaited(RunnerLifecycle.state)
     acquire_lease = _awaited(RunnerLifecycle.acquire_lease)
     assert_poll = _awaited(RunnerLifecycle.assert_poll)
     rotate_proxy_authority = _awaited(RunnerLifecycle.rotate_proxy_authority)
@@ -419,14 +408,8 @@ class AsyncRunnerLifecycle:
     complete_reclaim = _awaited(RunnerLifecycle.complete_reclaim)
     record_host_facts = _awaited(RunnerLifecycle.record_host_facts)
     take_host_lease = _awaited(RunnerLifecycle.take_host_lease)
-
-    async def renew_host_lease(self, grant: HostLeaseGrant) -> HostLeaseGrant:
-        """`RunnerLifecycle.renew_host_lease`, awaited."""
-        return await self.store.run(self.lifecycle.renew_host_lease, grant)
-
-    async def release_host_lease(self, grant: HostLeaseGrant) -> bool:
-        """`RunnerLifecycle.release_host_lease`, awaited."""
-        return await self.store.run(self.lifecycle.release_host_lease, grant)
+    renew_host_lease = _awaited(RunnerLifecycle.renew_host_lease)
+    release_host_lease = _awaited(RunnerLifecycle.release_host_lease)
 
     def hold_host_lease(self, grant: HostLeaseGrant | None) -> None:
         """`RunnerLifecycle.hold_host_lease` (no I/O: it only says which lease this handle writes under)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -314,53 +315,25 @@ def test_follow_raises_when_the_log_is_cut_back_or_its_file_replaced(
     asyncio.run(main())
 
 
-def test_a_follower_that_has_yielded_nothing_still_sees_the_log_cut_back_below_its_start(tmp_path: Path) -> None:
-    # Started after the head (seq 4): a log then cut back to seq 2 no longer holds what it followed on from,
-    # and a follower that waited on would yield the new history's events past seq 4 as if nothing happened.
+@pytest.mark.parametrize(("change", "told"), [(cut_back, "went back from seq 4 to 2"),
+                                              (cut_back_and_regrow, "event at seq 4 changed while it was followed")],
+                         ids=["cut-back", "cut-back-and-regrown"])
+def test_a_follower_that_has_yielded_nothing_still_sees_the_log_changed_under_its_start(
+        tmp_path: Path, change: Callable[[Path], None], told: str) -> None:
+    # Started after the head (seq 4), which it holds (with its hash) from its first poll: a log then cut back to
+    # seq 2, or cut back and written again past seq 4, no longer holds what it followed on from, and a follower
+    # that waited on would yield the new history's events past seq 4 as if nothing happened.
     async def main() -> None:
         path = tmp_path / "events.db"
         async with await AsyncEventStore.open(path) as store:
             for generation in range(1, 5):
                 await store.append_unchecked("x", [ReclaimCompleted(generation=generation)])
-            polled = threading.Event()
+            polled, changed = threading.Event(), threading.Event()
             page = store._page
 
             def spy(after: int, stream: str | None, reached: int, reached_hash: bytes | None) -> list[RecordedEvent]:
-                found = page(after, stream, reached, reached_hash)
-                polled.set()
-                return found
-
-            store._page = spy  # type: ignore[method-assign]
-
-            async def follow() -> None:
-                async for _ in store.follow(after=4, poll_interval=0.001):
-                    raise AssertionError("nothing was appended after seq 4")
-
-            async def cut_after_a_poll() -> None:
-                await asyncio.to_thread(polled.wait, GUARD_S)
-                cut_back(path)
-
-            with pytest.raises(IntegrityError, match="went back from seq 4 to 2"):
-                async with asyncio.timeout(GUARD_S):
-                    await asyncio.gather(follow(), cut_after_a_poll())
-
-    asyncio.run(main())
-
-
-def test_a_follower_that_has_yielded_nothing_sees_its_start_rewritten_and_grown_past(tmp_path: Path) -> None:
-    # Started after the head (seq 4), which it holds from its first poll: cut back to seq 2 and written again
-    # past seq 4 before anything is yielded, the log's new seqs 5.. are not the ones that followed its seq 4.
-    async def main() -> None:
-        path = tmp_path / "events.db"
-        async with await AsyncEventStore.open(path) as store:
-            for generation in range(1, 5):
-                await store.append_unchecked("x", [ReclaimCompleted(generation=generation)])
-            polled, rewritten = threading.Event(), threading.Event()
-            page = store._page
-
-            def spy(after: int, stream: str | None, reached: int, reached_hash: bytes | None) -> list[RecordedEvent]:
-                if polled.is_set():  # the next poll waits for the whole rewrite: only the hash at seq 4 tells
-                    rewritten.wait(GUARD_S)
+                if polled.is_set():  # the next poll waits for the whole change: a rewrite is told by the hash alone
+                    changed.wait(GUARD_S)
                 found = page(after, stream, reached, reached_hash)
                 polled.set()
                 return found
@@ -369,16 +342,16 @@ def test_a_follower_that_has_yielded_nothing_sees_its_start_rewritten_and_grown_
 
             async def follow() -> None:
                 async for recorded in store.follow(after=4, poll_interval=0.001):
-                    raise AssertionError(f"seq {recorded.seq} yielded from a log rewritten under the follower")
+                    raise AssertionError(f"seq {recorded.seq} yielded from a log changed under the follower")
 
-            async def rewrite_after_a_poll() -> None:
+            async def change_after_a_poll() -> None:
                 await asyncio.to_thread(polled.wait, GUARD_S)
-                await asyncio.to_thread(cut_back_and_regrow, path)
-                rewritten.set()
+                await asyncio.to_thread(change, path)
+                changed.set()
 
-            with pytest.raises(IntegrityError, match="event at seq 4 changed while it was followed"):
+            with pytest.raises(IntegrityError, match=told):
                 async with asyncio.timeout(GUARD_S):
-                    await asyncio.gather(follow(), rewrite_after_a_poll())
+                    await asyncio.gather(follow(), change_after_a_poll())
 
     asyncio.run(main())
 

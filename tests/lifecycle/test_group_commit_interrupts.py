@@ -34,12 +34,25 @@ def appending(store: EventStore, stream: str) -> Any:
     return lambda: store.commit(stream, lambda tx: tx.append_unchecked(stream, [EVENT]) and stream)
 
 
+def behind_the_main_thread(held: Held, store: EventStore, first: tuple[str, Any]) -> None:
+    """In a thread of its own: once the main thread queues behind the held writer, `first` (a name and a call) and
+    "two" queue behind it, then the held writer lets go, so that the main thread writes the batch of the three."""
+    def later() -> None:
+        deadline = time.monotonic() + GUARD_S
+        while store.group_commit.queued < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        held.queue(*first)
+        held.queue("two", appending(store, "two"))
+        held.gate.set()
+
+    threading.Thread(target=later, daemon=True).start()
+
+
 @pytest.mark.parametrize("where", ["_serve", "_gather", "_each", "_hand_on"])
 def test_an_interrupt_as_a_step_of_the_batch_begins_answers_every_other_caller(tmp_path: Path, where: str) -> None:
     store = EventStore.open(tmp_path / "events.db", durability="normal")
     try:
         held = Held(store)
-        group = store.group_commit
         main: dict[str, Any] = {}
         fired: list[str] = []
 
@@ -50,15 +63,7 @@ def test_an_interrupt_as_a_step_of_the_batch_begins_answers_every_other_caller(t
                 raise KeyboardInterrupt(f"Ctrl-C as {where} began")
             return None
 
-        def later() -> None:  # two others queue behind the main thread, then the held writer lets go
-            deadline = time.monotonic() + GUARD_S
-            while group.queued < 1 and time.monotonic() < deadline:
-                time.sleep(0.001)
-            held.queue("one", appending(store, "one"))
-            held.queue("two", appending(store, "two"))
-            held.gate.set()
-
-        threading.Thread(target=later, daemon=True).start()
+        behind_the_main_thread(held, store, ("one", appending(store, "one")))
         sys.settrace(trace)
         try:
             main["outcome"] = store.commit("main", lambda tx: tx.append_unchecked("main", [EVENT]) and "main")
@@ -89,7 +94,6 @@ def test_a_second_interrupt_as_the_answers_begin_still_answers_every_caller(tmp_
     store = EventStore.open(tmp_path / "events.db", durability="normal")
     try:
         held = Held(store)
-        group = store.group_commit
         main: dict[str, Any] = {}
         fired: list[str] = []
         armed = threading.Event()  # only the main thread's commit is interrupted, once the others queue
@@ -109,15 +113,7 @@ def test_a_second_interrupt_as_the_answers_begin_still_answers_every_caller(tmp_
             else:
                 monkeypatch.setattr(GroupCommit, name, interrupting(name, getattr(GroupCommit, name)))
 
-        def later() -> None:
-            deadline = time.monotonic() + GUARD_S
-            while group.queued < 1 and time.monotonic() < deadline:
-                time.sleep(0.001)
-            held.queue("one", appending(store, "one"))
-            held.queue("two", appending(store, "two"))
-            held.gate.set()
-
-        threading.Thread(target=later, daemon=True).start()
+        behind_the_main_thread(held, store, ("one", appending(store, "one")))
         armed.set()
         try:
             main["outcome"] = store.commit("main", lambda tx: tx.append_unchecked("main", [EVENT]) and "main")
@@ -158,17 +154,8 @@ def test_what_another_threads_work_raises_is_its_own_when_the_main_thread_writes
     store = EventStore.open(tmp_path / "events.db", durability="normal")
     try:
         held = Held(store)
-        group = store.group_commit
 
-        def later() -> None:
-            deadline = time.monotonic() + GUARD_S
-            while group.queued < 1 and time.monotonic() < deadline:
-                time.sleep(0.001)
-            held.queue("bad", caught(lambda: store.commit("bad", raising(kind))))
-            held.queue("two", appending(store, "two"))
-            held.gate.set()
-
-        threading.Thread(target=later, daemon=True).start()
+        behind_the_main_thread(held, store, ("bad", caught(lambda: store.commit("bad", raising(kind)))))
         mine = store.commit("main", lambda tx: tx.append_unchecked("main", [EVENT]) and "main")
         outcomes = held.release()
         assert mine == "main" and outcomes["two"] == "two"
@@ -185,21 +172,12 @@ def test_a_signal_handlers_exit_while_the_main_thread_writes_is_the_main_threads
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(7))
     try:
         held = Held(store)
-        group = store.group_commit
 
         def signalled(tx: Any) -> None:
             tx.append_unchecked("signalled", [EVENT])
             os.kill(os.getpid(), signal.SIGTERM)  # handled in the main thread, where this work runs
 
-        def later() -> None:
-            deadline = time.monotonic() + GUARD_S
-            while group.queued < 1 and time.monotonic() < deadline:
-                time.sleep(0.001)
-            held.queue("signalled", lambda: store.commit("signalled", signalled))
-            held.queue("two", appending(store, "two"))
-            held.gate.set()
-
-        threading.Thread(target=later, daemon=True).start()
+        behind_the_main_thread(held, store, ("signalled", lambda: store.commit("signalled", signalled)))
         with pytest.raises(SystemExit) as exited:
             store.commit("main", lambda tx: tx.append_unchecked("main", [EVENT]) and "main")
         outcomes = held.release()

@@ -503,22 +503,22 @@ def test_follow_raises_when_the_log_is_cut_back_under_it(tmp_path: Any, stream: 
         assert seen == ([1, 2, 3, 4, 5, 6] if stream is None else [1, 3, 5])
 
 
+def cut_back_and_regrow(path: str) -> None:
+    """The rows after seq 4 deleted (the append-only trigger put back after), then 4 other events appended."""
+    with raw_sql(path) as run:
+        (trigger,), = run("SELECT sql FROM sqlite_schema WHERE name = 'events_no_delete'")
+        run("DROP TRIGGER events_no_delete")
+        run("DELETE FROM events WHERE seq > 4")
+        run(trigger)
+    with EventStore.open(path) as other:
+        other.append_unchecked("z", [ReclaimCompleted(generation=generation) for generation in range(5, 9)])
+
+
 def test_follow_raises_when_the_log_is_cut_back_and_written_again_between_two_polls(tmp_path: Any) -> None:
     # The head is past what the follower yielded again, so only the event at its place tells: it was rewritten.
     path = str(tmp_path / "regrown.db")
-
-    def cut_back_and_regrow() -> None:
-        with raw_sql(path) as run:
-            (trigger,), = run("SELECT sql FROM sqlite_schema WHERE name = 'events_no_delete'")
-            run("DROP TRIGGER events_no_delete")
-            run("DELETE FROM events WHERE seq > 4")
-            run(trigger)
-        with EventStore.open(path) as other:
-            for generation in range(5, 9):
-                other.append_unchecked("z", [ReclaimCompleted(generation=generation)])
-
     with EventStore.open(path) as store:
-        seen, rewritten = follow_until_raised(store, IntegrityError, 6, cut_back_and_regrow)
+        seen, rewritten = follow_until_raised(store, IntegrityError, 6, lambda: cut_back_and_regrow(path))
         assert seen == [1, 2, 3, 4, 5, 6] and rewritten.seq == 6
         assert "changed while it was followed" in str(rewritten)
 
@@ -535,13 +535,7 @@ def test_a_follower_that_has_yielded_nothing_sees_its_start_rewritten_and_grown_
         stop = threading.Event()
         timer = guarded(stop)
         follower = store.follow(after=after, poll_interval=0.01, stop=stop)
-        with raw_sql(path) as run:
-            (trigger,), = run("SELECT sql FROM sqlite_schema WHERE name = 'events_no_delete'")
-            run("DROP TRIGGER events_no_delete")
-            run("DELETE FROM events WHERE seq > 4")
-            run(trigger)
-        with EventStore.open(path) as other:
-            other.append_unchecked("z", [ReclaimCompleted(generation=generation) for generation in range(5, 10)])
+        cut_back_and_regrow(path)
         try:
             with pytest.raises(IntegrityError) as rewritten:
                 next(follower)
