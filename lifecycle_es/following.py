@@ -40,6 +40,8 @@ def held(store: EventStore, after: int) -> tuple[int, bytes | None]:
     hash of the event there (None for none, or for a hash no append writes: the audit's to name). Checked like the
     hash of an event it yielded, so that a log cut back and grown again past that seq before its first look is
     seen, not followed on from events it no longer holds."""
+    if after <= 0:
+        return 0, None  # started from the beginning: it holds nothing yet
     backend = store.backend
     with store.lock:
         head, digest, _ = backend.head()

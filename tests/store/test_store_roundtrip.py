@@ -544,6 +544,23 @@ def test_a_follower_that_has_yielded_nothing_sees_its_start_rewritten_and_grown_
         assert rewritten.value.seq == after and "changed while it was followed" in str(rewritten.value)
 
 
+def test_a_follower_from_the_start_holds_nothing_and_reads_on_after_the_log_is_cut_back(tmp_path: Any) -> None:
+    """after=0 holds no seq: a log cut back before its first event takes nothing it has, and it yields what the
+    log holds then, here the other stream's events written after the cut."""
+    path = str(tmp_path / "from-the-start.db")
+    with EventStore.open(path) as store:
+        six_events(store)
+        stop = threading.Event()
+        timer = guarded(stop)
+        follower = store.follow(after=0, stream="z", poll_interval=0.01, stop=stop)
+        cut_back_and_regrow(path)
+        try:
+            assert [(recorded.seq, recorded.stream) for recorded in itertools.islice(follower, 4)] == \
+                [(5, "z"), (6, "z"), (7, "z"), (8, "z")]
+        finally:
+            timer.cancel()
+
+
 def test_check_followed_refuses_a_hash_that_is_no_hash(store: EventStore) -> None:
     six_events(store)
     for bad in (b"short", "a" * 32, bytearray(32)):
