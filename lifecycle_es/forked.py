@@ -26,8 +26,9 @@ _KEPT: list[Backend] = []
 written_at_fork: set[tuple[int, int]] = set()
 """The (device, inode) of every store file a connection of an ancestor process had a write transaction open on
 when this process was forked from it. SQLite keeps, per process, what its connections lock on a file; the
-child's copy says that write is still going on, and no connection the child opens can ever write that file (it
-waits for a lock nothing here will release): such a write is refused at once (`SqliteBackend`)."""
+child's copy says that write is still going on, and no connection the child opens can write that file: each write
+would wait out the busy timeout for a lock nothing here releases, then fail, for as long as the process lives.
+Such a write is refused at once instead (`SqliteBackend`)."""
 generation = 0
 """How many forks this process is from the one that imported this module: a transaction begun at another
 generation was begun by the parent, and the thread that forked is unwinding through it in the child, where
@@ -61,7 +62,7 @@ def _in_child() -> None:
     generation += 1
     for store in list(_OPEN):
         try:  # a backend without the notion (a server's), or one fenced by an earlier fork, names none
-            written = getattr(store.backend, "written_at_fork", lambda: None)()
+            written = getattr(store.backend, "written_at_fork", lambda busy: None)(store._write_busy)
         except Exception:
             written = None
         if written is not None:

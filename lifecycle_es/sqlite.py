@@ -178,13 +178,15 @@ class SqliteBackend(ReadModelTables, CacheTables):
 
     # --- transactions -------------------------------------------------------------------------------
 
-    def written_at_fork(self) -> tuple[int, int] | None:
+    def written_at_fork(self, busy: bool) -> tuple[int, int] | None:
         """In a process just forked from this one: the store file's (device, inode) when this connection had a
-        write transaction open at the fork (or may have had: a thread was inside a call on it), else None."""
+        write transaction open at the fork, else None. SQLite says which, unless a thread was inside a call on
+        the connection then (apsw refuses the question): `busy` says whether the store was beginning, holding or
+        ending a write transaction."""
         try:
             writing = self.conn.txn_state("main") == apsw.SQLITE_TXN_WRITE
         except apsw.ThreadingViolationError:
-            writing = True
+            writing = busy
         except apsw.Error:
             writing = False
         return self.identity if writing else None

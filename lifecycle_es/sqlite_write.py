@@ -186,10 +186,10 @@ class SqliteTransaction:
             raise StoreFencedError(
                 f"{self.action}: this process was forked while a thread of its parent was writing the store file "
                 f"{self.path!r}. SQLite keeps, in each process, the locks its connections hold on a file, and this "
-                "process's copy says that write is still going on, so no connection opened here can ever write the "
-                "file (it would wait for a lock nothing here releases). Write it from a process not forked from a "
-                "writer: multiprocessing's 'spawn' or 'forkserver' start method, or a fork made before the store "
-                "was opened; reading it from here works")
+                "process's copy says that write is still going on, so no connection opened here can write the file "
+                "(each write would wait out the busy timeout for a lock nothing here releases). Write it from a "
+                "process not forked from a writer: multiprocessing's 'spawn' or 'forkserver' start method, or a "
+                "fork made before the store was opened; reading it from here works")
         try:
             self.conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:

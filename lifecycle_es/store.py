@@ -98,6 +98,7 @@ class EventStore(StoreReads):
         self._local_commits = 0
         self._rollbacks = 0
         self._writing: int | None = None  # the thread that holds a write transaction open, while one does
+        self._write_busy = False  # a write transaction begins, is open or ends on the connection (see `forked`)
         self._pid = os.getpid()
         forked.track(self)
         # One connection serves every thread: a write transaction, a page of a read, holds it in turn, so
@@ -446,6 +447,7 @@ class EventStore(StoreReads):
         self._lock = threading.RLock()
         self._group = GroupCommit(self)
         self._writing = None
+        self._write_busy = False
         self._backend = forked.inherited(self._backend, self._fence)
 
     def snapshot_tag(self, stream: str, version: int, seq: int, event_hash: bytes, state: bytes) -> bytes:

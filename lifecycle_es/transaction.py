@@ -87,12 +87,15 @@ class WriteTransaction:
         self._thread: int | None = None  # the thread that holds it open, while it is open
 
     def __enter__(self) -> WriteTransaction:
-        lock = self._store._lock
+        store = self._store
+        lock = store._lock
         lock.acquire()
         try:
-            self._context = context = self._store._write(self._action, self._streams)
+            self._context = context = store._write(self._action, self._streams)
+            store._write_busy = True  # from before BEGIN to after COMMIT: what a fork asks (`forked.written_at_fork`)
             context.__enter__()
         except BaseException:
+            store._write_busy = False
             lock.release()
             raise
         self._thread = self._store._writing = threading.get_ident()
@@ -120,6 +123,7 @@ class WriteTransaction:
                 store.fence(interrupted_commit(self._action, error))
             raise
         finally:
+            store._write_busy = False
             if not committed:
                 store._rollbacks += 1
             self._held.release()

@@ -210,12 +210,15 @@ def test_a_child_forked_inside_a_work_unwinds_while_a_parent_thread_holds_the_qu
         assert [recorded.stream for recorded in store.read()] == ["forking"]
 
 
-@pytest.mark.parametrize("writing", [True, False], ids=["parent-writing", "parent-idle"])
+@pytest.mark.parametrize("parent", ["writing", "idle", "reading"])
 def test_a_child_forked_while_the_parent_writes_is_refused_writes_at_once_and_reads(tmp_path: Path,
-                                                                                   writing: bool) -> None:
+                                                                                   parent: str) -> None:
     # SQLite's per-process record of the parent's write lock is copied into the child, where nothing will ever
     # release it: a store the child opens anew on that file would wait out its busy timeout on every write, for
-    # ever. Refused at once, saying why and what to do; it reads. Forked while the parent was idle, it writes.
+    # as long as it lives. Refused at once, saying why and what to do; it reads. Forked while the parent was idle,
+    # or while a thread of it was inside a read on the store's connection (which SQLite cannot be asked about
+    # then), it writes.
+    writing = parent == "writing"
     path = tmp_path / "events.db"
     with EventStore.open(path, now=FakeClock()) as store:
         store.append_unchecked("before", [RECLAIMED])
@@ -226,8 +229,18 @@ def test_a_child_forked_while_the_parent_writes_is_refused_writes_at_once_and_re
             inside.set()
             assert release.wait(30)
 
-        writer = threading.Thread(target=lambda: store.commit("paused", paused))
-        if writing:
+        def pause() -> int:
+            inside.set()
+            return int(release.wait(30))
+
+        def reads() -> None:
+            conn = store.backend.conn  # type: ignore[attr-defined]
+            conn.create_scalar_function("pause", pause, 0)
+            with store.lock:
+                conn.execute("SELECT pause() FROM events").fetchall()
+
+        writer = threading.Thread(target=lambda: store.commit("paused", paused) if writing else reads())
+        if parent != "idle":
             writer.start()
             assert inside.wait(30)
         read, write = os.pipe()
@@ -255,7 +268,7 @@ def test_a_child_forked_while_the_parent_writes_is_refused_writes_at_once_and_re
                 outcome = pipe.read().decode()
         finally:
             release.set()
-            if writing:
+            if parent != "idle":
                 writer.join(30)
         if writing:
             assert outcome.startswith("refused after reading [1]: "), outcome
