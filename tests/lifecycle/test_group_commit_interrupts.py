@@ -165,11 +165,23 @@ def test_what_another_threads_work_raises_is_its_own_when_the_main_thread_writes
         store.close()
 
 
-def test_a_signal_handlers_exit_while_the_main_thread_writes_is_the_main_threads(tmp_path: Path) -> None:
+def exits(signum: int, frame: FrameType | None) -> None:
+    sys.exit(7)
+
+
+def restores_then_exits(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signum, signal.SIG_DFL)  # a common pattern: a second SIGTERM then ends the process at once
+    sys.exit(7)
+
+
+@pytest.mark.parametrize("handler", [exits, restores_then_exits])
+def test_a_signal_handlers_exit_while_the_main_thread_writes_is_the_main_threads(tmp_path: Path,
+                                                                               handler: Any) -> None:
     """A SIGTERM handler's sys.exit() lands in the main thread, in whichever work it runs: that is an interrupt of
-    the main thread, not the work's, so the batch is rolled back and every other caller told nothing committed."""
+    the main thread, not the work's, so the batch is rolled back and every other caller told nothing committed;
+    also when the handler put the default back before it exited, and is no longer installed when it is asked."""
     store = EventStore.open(tmp_path / "events.db", durability="normal")
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(7))
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
         held = Held(store)
 
