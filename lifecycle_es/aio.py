@@ -250,7 +250,9 @@ class AsyncEventStore:
         Each poll reads a page in a thread; between polls the task sleeps on the loop. It ends when the
         caller stops iterating (or cancels the task). Arguments are checked here, as `EventStore.follow`
         checks them; a log cut back under it raises IntegrityError, its file replaced StoreFencedError, as
-        there (`EventStore.check_followed`).
+        there (`EventStore.check_followed`). Unlike there, the head it holds to is read with its first page,
+        in a thread, not at this call, which reads nothing on the loop: a log cut back and written again between
+        the call and the first iteration is the log it follows.
         """
         following.checked(after, poll_interval, stream, None)  # no read here: the loop's thread never waits
         return self._follow(after, poll_interval, stream)

@@ -22,8 +22,9 @@ handler's SystemExit) raised while the main thread serves a batch is that thread
 batch is rolled back, the writer raises it, and every other caller gets a StoreIOError saying nothing was
 committed; during the commit itself, the outcome is unknown and the store is fenced. Any other exception a work
 raises, one that is no Exception included (sys.exit(), GeneratorExit, asyncio.CancelledError), is its own
-caller's, rolled back alone as a refusal is, whichever thread writes the batch; only a KeyboardInterrupt a work
-raises itself cannot be told from Ctrl-C's in the main thread.
+caller's, rolled back alone as a refusal is, whichever thread writes the batch. Two cannot be told from a signal's
+when the main thread writes: a KeyboardInterrupt a work raises itself, and what a work raises by calling a signal
+handler's function itself; both are taken for the main thread's.
 
 A caller whose wait is interrupted (a signal's exception, KeyboardInterrupt, in the main thread) leaves
 the queue, and its work never runs; when a writer had already taken it into a batch, its work may still

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from .postgres_errors import translated
-from .read_model import LEASE_COLUMNS, RUNNER_COLUMNS
+from .read_model import LEASE_COLUMNS, RUNNER_COLUMNS, position_of
 
 POSITION_NAME = "read_models"
 _TABLES = (
@@ -76,12 +76,13 @@ class ServerReadModelTables:
             self._run("drop the read models", f"DROP TABLE IF EXISTS {{s}}.{table}")
 
     def read_model_position(self) -> int | None:
-        """The last seq the read models applied: None without a position table, 0 without its row."""
+        """The last seq the read models applied: None without a position table, 0 without its row, -1 for a value
+        that is no integer (a table made by hand)."""
         if "read_model_position" not in self.read_model_tables():
             return None
         rows = self._read("read the read models' position", "SELECT seq FROM {s}.read_model_position WHERE name = %s",
                          (POSITION_NAME,))
-        return int(rows[0][0]) if rows else 0
+        return position_of(rows[0][0]) if rows else 0
 
     def set_read_model_position(self, seq: int) -> None:
         """Record the last seq the read models applied (inside a write transaction)."""

@@ -28,6 +28,12 @@ Row = tuple[Any, ...]
 Replayed = Mapping[str, tuple[RunnerState, int, int]]
 
 
+def position_of(value: object) -> int:
+    """A read-model position as stored: the integer, or -1 for any other value (text, a real, a boolean, NULL),
+    which no log's seq is, so that the read models are started afresh (`projections.read_models`)."""
+    return value if type(value) is int else -1
+
+
 def runner_row(state: RunnerState, version: int, seq: int) -> Row:
     """The ``runners`` row of a state, folded up to `version` of its stream (`seq` in the log)."""
     active, parked, settled = lease_counts(state)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import apsw
 
-from .read_model import LEASE_COLUMNS, RUNNER_COLUMNS
+from .read_model import LEASE_COLUMNS, RUNNER_COLUMNS, position_of
 from .sqlite_errors import translated
 
 if TYPE_CHECKING:
@@ -95,13 +95,14 @@ class ReadModelTables:
                 self.conn.execute(f"DROP TABLE IF EXISTS {table}")
 
     def read_model_position(self) -> int | None:
-        """The last seq the read models applied: None without a position table, 0 without its row."""
+        """The last seq the read models applied: None without a position table, 0 without its row, -1 for a value
+        that is no integer (a table made by hand)."""
         if "read_model_position" not in self.read_model_tables():
             return None
         with translated("read the read models' position"):
             rows = self.conn.execute("SELECT seq FROM read_model_position WHERE name = ?",
                                      (POSITION_NAME,)).fetchall()
-        return cast(int, rows[0][0]) if rows else 0
+        return position_of(rows[0][0]) if rows else 0
 
     def set_read_model_position(self, seq: int) -> None:
         """Record the last seq the read models applied (inside a write transaction)."""

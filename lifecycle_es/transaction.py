@@ -14,6 +14,7 @@ onto a log the disk may not hold.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -90,17 +91,31 @@ class WriteTransaction:
         store = self._store
         lock = store._lock
         lock.acquire()
+        outer = store._write_busy  # this thread's own transaction is open: this one is refused as nested
         try:
             self._context = context = store._write(self._action, self._streams)
             store._write_busy = True  # from before BEGIN to after COMMIT: what a fork asks (`forked.written_at_fork`)
             context.__enter__()
-        except BaseException:
-            store._write_busy = False
+            self._thread = store._writing = threading.get_ident()
+            self._held = lock  # released at the end, even in a child forked meanwhile (whose store has its own)
+        except BaseException as exc:
+            if not outer:
+                # An interrupt (Ctrl-C) may land after BEGIN took the write lock and before the block began: what
+                # began is rolled back, or the lock would stay held by a connection nothing ends a transaction of.
+                self._abandon(exc)
+                store._write_busy = False
             lock.release()
             raise
-        self._thread = self._store._writing = threading.get_ident()
-        self._held = lock  # released at the end, even in a child forked meanwhile (whose store has a lock of its own)
         return self
+
+    def _abandon(self, exc: BaseException) -> None:
+        """Roll back whatever the backend's transaction began before `exc` cut its start short (nothing, when it
+        began nothing); a failure to is no more than `exc`, which is raised."""
+        context = self._context
+        self._thread = self._store._writing = None
+        if context is not None:
+            with contextlib.suppress(BaseException):
+                context.__exit__(type(exc), exc, exc.__traceback__)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Any:
         store = self._store

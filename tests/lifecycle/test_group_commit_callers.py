@@ -332,3 +332,32 @@ def test_an_interrupt_in_a_lone_commands_work_rolls_back_and_fences_nothing(tmp_
         assert store.fenced is None and store.streams() == []
         store.append_unchecked("runner-b", [RECLAIMED])
         assert store.streams() == ["runner-b"]
+
+
+@pytest.mark.parametrize("via", ["commit", "transaction"])
+def test_an_interrupt_just_after_begin_rolls_back_and_leaves_no_write_lock(tmp_path: Path, via: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C lands after BEGIN IMMEDIATE took the write lock, before the command's block began (here as the
+    # connection's bookkeeping of the transaction starts): nothing may keep that lock, or this handle could never
+    # begin again ("within a transaction") and every other writer would be busy while it lives.
+    from lifecycle_es.sqlite_write import LogEnd
+
+    path = str(tmp_path / "events.db")
+    begin = LogEnd.begin
+    fired: list[bool] = []
+
+    def interrupted_begin(self: LogEnd) -> None:
+        if not fired:
+            fired.append(True)
+            raise Interrupted
+        begin(self)
+
+    with EventStore.open(path, now=FakeClock()) as store:
+        monkeypatch.setattr(LogEnd, "begin", interrupted_begin)
+        with pytest.raises(Interrupted):
+            alone(store, via, "appends", appends)
+        assert fired and store.fenced is None and store.streams() == []
+        with EventStore.open(path, now=FakeClock(), busy_timeout_ms=2_000) as other:
+            other.append_unchecked("runner-b", [RECLAIMED])  # the write lock is free
+        alone(store, via, "appends", appends)  # and this handle begins again
+        assert store.streams() == ["runner-a", "runner-b"]

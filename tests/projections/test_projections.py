@@ -262,8 +262,8 @@ def _drain(handle: RunnerLifecycle) -> None:
     handle.request_drain(expected_generation=handle.snapshot().generation)
 
 
-@pytest.mark.parametrize("position", [-1, 2**60, "ahead", "none"],
-                         ids=["negative", "beyond-any-seq", "beyond-the-head", "row-deleted"])
+@pytest.mark.parametrize("position", [-1, 2**60, "ahead", "none", "text"],
+                         ids=["negative", "beyond-any-seq", "beyond-the-head", "row-deleted", "not-a-number"])
 def test_a_read_model_position_the_log_cannot_have_starts_the_tables_afresh(mixed: Fleet, position: int | str) -> None:
     """Tables whose position is past the head describe events the log does not hold (rows edited, or a log cut
     back under them): they are emptied and caught up from the start, never kept, nor resumed from that position
@@ -272,6 +272,10 @@ def test_a_read_model_position_the_log_cannot_have_starts_the_tables_afresh(mixe
     mixed.store.close()
     if position == "none":
         sql(mixed.path, "DELETE FROM read_model_position")
+    elif position == "text":  # the table made again by hand, its seq a column of text
+        sql(mixed.path, "DROP TABLE read_model_position")
+        sql(mixed.path, "CREATE TABLE read_model_position (name TEXT PRIMARY KEY, seq TEXT NOT NULL)")
+        sql(mixed.path, "INSERT INTO read_model_position (name, seq) VALUES ('read_models', 'abc')")
     else:
         sql(mixed.path, "UPDATE read_model_position SET seq = ?", (head + 6 if position == "ahead" else position,))
     sql(mixed.path, f"INSERT INTO runners VALUES ({', '.join(['?'] * len(GHOST_ROW))})", GHOST_ROW)
