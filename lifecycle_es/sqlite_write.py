@@ -171,7 +171,7 @@ class SqliteTransaction:
     store's files found changed right after COMMIT (`sqlite_files.OpenedFiles.committed`).
     """
 
-    __slots__ = ("action", "conn", "end", "files", "parent_wrote", "path")
+    __slots__ = ("action", "conn", "end", "files", "foreign", "parent_wrote", "path")
 
     def __init__(self, backend: SqliteBackend, action: str) -> None:
         self.path = backend.path
@@ -180,6 +180,9 @@ class SqliteTransaction:
         self.files = backend.files
         self.action = action
         self.parent_wrote = backend.written_by_parent
+        # A transaction open on the connection before this one began is not this one's to roll back (a caller's
+        # read transaction, which BEGIN refuses to nest in): True until BEGIN is about to run.
+        self.foreign = True
 
     def __enter__(self) -> apsw.Connection:
         if self.parent_wrote:
@@ -191,6 +194,7 @@ class SqliteTransaction:
                 "process not forked from a writer: multiprocessing's 'spawn' or 'forkserver' start method, or a "
                 "fork made before the store was opened; reading it from here works")
         try:
+            self.foreign = not self.conn.getautocommit()
             self.conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
             raise translation(self.action, exc) from exc
@@ -232,7 +236,7 @@ class SqliteTransaction:
         if exc is not None:
             end.ended(committed=False)
             try:
-                if not conn.getautocommit():
+                if not self.foreign and not conn.getautocommit():
                     conn.execute("ROLLBACK")
             except apsw.Error as error:
                 raise translation(self.action, error) from error

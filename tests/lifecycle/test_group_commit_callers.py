@@ -361,3 +361,24 @@ def test_an_interrupt_just_after_begin_rolls_back_and_leaves_no_write_lock(tmp_p
             other.append_unchecked("runner-b", [RECLAIMED])  # the write lock is free
         alone(store, via, "appends", appends)  # and this handle begins again
         assert store.streams() == ["runner-a", "runner-b"]
+
+
+@pytest.mark.parametrize("via", ["commit", "transaction"])
+def test_a_write_refused_inside_a_callers_read_transaction_leaves_that_transaction_open(tmp_path: Path,
+                                                                                       via: str) -> None:
+    # A thread that holds store.lock and reads the backend in a read transaction of its own (as `lock` documents),
+    # then writes: BEGIN refuses to nest, and what is refused began nothing, so nothing of the caller's is rolled
+    # back: its reads go on seeing one state of the log, though another process has written since.
+    path = str(tmp_path / "events.db")
+    with EventStore.open(path, now=FakeClock(), busy_timeout_ms=500) as store:
+        store.append_unchecked("runner-a", [RECLAIMED])
+        with store.lock, store.backend.read_tx("reads") as conn:  # type: ignore[attr-defined]
+            before = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+            with EventStore.open(path, now=FakeClock()) as other:
+                other.append_unchecked("runner-b", [RECLAIMED])
+            with pytest.raises(StoreError):
+                alone(store, via, "appends", appends)
+            assert not conn.getautocommit()
+            assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == before == 1
+        assert store.streams() == ["runner-a", "runner-b"]
+        alone(store, via, "appends", appends)
