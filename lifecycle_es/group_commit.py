@@ -42,18 +42,16 @@ less than `linger_ms` ago. A store that was idle never lingers.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
-import signal
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from types import CodeType, FunctionType, MethodType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import forked
 from .errors import InvalidInputError, StoreFencedError, StoreIOError
+from .signals import handler_codes, signal_raised
 from .transaction import interrupted_commit
 from .values import MAX_ACTION_CHARS, safe_action, safe_callable, safe_id, safe_int, safe_number
 
@@ -120,52 +118,6 @@ def _copy(error: BaseException) -> BaseException:
     except Exception:  # an exception that cannot be made so: raise the one there is
         return error
     return clone
-
-
-def _signal_raised(exc: BaseException, installed: set[CodeType]) -> bool:
-    """Whether `exc`, no Exception, raised in the main thread while it ran a work of the batch, may be a signal's
-    rather than the work's own: a KeyboardInterrupt (Python's SIGINT handler raises it wherever the main thread
-    is), or one raised in a frame of a Python signal handler, installed when the batch began (`installed`: a
-    handler may put the default back before it exits) or now (a SIGTERM handler's sys.exit()). Any other (a work's
-    own sys.exit(), GeneratorExit, a task's CancelledError) is its caller's, as in any thread."""
-    if isinstance(exc, KeyboardInterrupt):
-        return True
-    handlers = installed | _handler_codes()
-    trace = exc.__traceback__
-    while trace is not None:
-        if trace.tb_frame.f_code in handlers:
-            return True
-        trace = trace.tb_next
-    return False
-
-
-_SIGNALS = tuple(signal.valid_signals())  # a set built anew on each call costs more than the look-ups
-
-
-def _handler_codes() -> set[CodeType]:
-    """The code of every Python signal handler installed now."""
-    codes = set()
-    for number in _SIGNALS:
-        try:
-            code = _code_of(signal.getsignal(number))
-        except (OSError, ValueError):
-            continue
-        if code is not None:
-            codes.add(code)
-    return codes
-
-
-def _code_of(handler: object) -> CodeType | None:
-    """The code a Python signal handler runs (a function, a bound method, a partial of either, an object's
-    ``__call__``); None for SIG_DFL, SIG_IGN and C handlers."""
-    if handler is None or isinstance(handler, int):  # SIG_DFL, SIG_IGN, or none set from Python
-        return None
-    while isinstance(handler, functools.partial | MethodType):
-        handler = handler.func if isinstance(handler, functools.partial) else handler.__func__
-    if isinstance(handler, FunctionType):
-        return handler.__code__
-    call = inspect.getattr_static(type(handler), "__call__", None)
-    return call.__code__ if isinstance(call, FunctionType) else None
 
 
 def _batch_name(first: str, size: int) -> str:
@@ -387,7 +339,7 @@ class GroupCommit:
         backend = self._store.backend
         forks = forked.generation
         main = threading.current_thread() is threading.main_thread()
-        installed = _handler_codes() if main else set()  # where a signal's exception may come from (`_signal_raised`)
+        installed = handler_codes() if main else set()  # where a signal's exception may come from (`signal_raised`)
         for caller in batch:
             savepoint = backend.savepoint(caller.action)
             try:
@@ -405,7 +357,7 @@ class GroupCommit:
             except BaseException as exc:
                 if forked.generation != forks:
                     raise  # the batch ends here in the child, its transaction left alone (`WriteTransaction`)
-                if not isinstance(exc, Exception) and main and _signal_raised(exc, installed):
+                if not isinstance(exc, Exception) and main and signal_raised(exc, installed):
                     raise  # a signal's, which lands in the main thread only: the writer's (`_interrupted`)
                 caller.error = exc
                 self._store._rollbacks += 1  # its writes are undone: what a projector kept of them is stale
