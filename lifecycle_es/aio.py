@@ -271,8 +271,9 @@ class AsyncEventStore:
                 await asyncio.sleep(poll_interval)
 
     def _page(self, after: int, stream: str | None, reached: int, reached_hash: bytes | None) -> list[RecordedEvent]:
-        """The next page, once the log is found to hold what was yielded (`EventStore.check_followed`)."""
-        self.store.check_followed(reached, event_hash=reached_hash)
+        """The next page, once the log is found to hold what was yielded (`EventStore.check_followed`, whose check
+        of its arguments is for a caller's: a hash the file holds is compared as it is, whatever its length)."""
+        following.check_followed(self.store, reached, reached_hash)
         return list(self.store.read(after=after, stream=stream, limit=PAGE_ROWS))
 
 

@@ -11,7 +11,23 @@ from __future__ import annotations
 import functools
 import inspect
 import signal
-from types import CodeType, FunctionType, MethodType
+from types import (
+    BuiltinFunctionType,
+    CodeType,
+    FunctionType,
+    MethodDescriptorType,
+    MethodType,
+    MethodWrapperType,
+    WrapperDescriptorType,
+)
+
+
+def _opaque() -> None:
+    """Stands, in `handler_codes`, for a handler whose code cannot be seen (one made in C)."""
+
+
+OPAQUE = _opaque.__code__
+_MADE_IN_C = (BuiltinFunctionType, MethodDescriptorType, MethodWrapperType, WrapperDescriptorType)
 
 
 def signal_raised(exc: BaseException, installed: set[CodeType]) -> bool:
@@ -23,6 +39,8 @@ def signal_raised(exc: BaseException, installed: set[CodeType]) -> bool:
     if isinstance(exc, KeyboardInterrupt):
         return True
     handlers = installed | handler_codes()
+    if OPAQUE in handlers:
+        return True  # a handler whose frames cannot be told: any interrupt may be its
     trace = exc.__traceback__
     while trace is not None:
         if trace.tb_frame.f_code in handlers:
@@ -48,13 +66,25 @@ def handler_codes() -> set[CodeType]:
 
 
 def _code_of(handler: object) -> CodeType | None:
-    """The code a Python signal handler runs (a function, a bound method, a partial of either, an object's
-    ``__call__``); None for SIG_DFL, SIG_IGN and C handlers."""
-    if handler is None or isinstance(handler, int):  # SIG_DFL, SIG_IGN, or none set from Python
+    """The code a Python signal handler runs: through partials, bound methods, static and class methods, wrappers
+    that name what they wrap (``functools.wraps``, ``lru_cache``) and an object's ``__call__``. None for SIG_DFL,
+    SIG_IGN and Python's own SIGINT handler (whose KeyboardInterrupt is told apart anyway); `OPAQUE` for a handler
+    whose code cannot be seen."""
+    if handler is None or isinstance(handler, int) or handler is signal.default_int_handler:
         return None
-    while isinstance(handler, functools.partial | MethodType):
-        handler = handler.func if isinstance(handler, functools.partial) else handler.__func__
-    if isinstance(handler, FunctionType):
-        return handler.__code__
-    call = inspect.getattr_static(type(handler), "__call__", None)
-    return call.__code__ if isinstance(call, FunctionType) else None
+    for _ in range(16):  # a chain of wrappers; one longer than this is no handler anyone writes
+        if isinstance(handler, FunctionType):
+            return handler.__code__
+        wrapped = getattr(handler, "__wrapped__", None)
+        if wrapped is not None:
+            handler = wrapped
+        elif isinstance(handler, functools.partial):
+            handler = handler.func
+        elif isinstance(handler, MethodType | staticmethod | classmethod):
+            handler = handler.__func__
+        else:
+            call = inspect.getattr_static(type(handler), "__call__", None)
+            if call is None or not callable(call) or isinstance(call, _MADE_IN_C):
+                return OPAQUE
+            handler = call
+    return OPAQUE

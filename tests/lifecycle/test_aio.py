@@ -378,3 +378,32 @@ def test_the_seal_checkpoint_and_fence_of_the_synchronous_store_are_awaited_too(
         assert report.ok, report.problems
 
     asyncio.run(main())
+
+
+def test_a_follower_compares_a_hash_the_file_holds_as_it_is_whatever_its_length(tmp_path: Path) -> None:
+    # A hash column edited to 31 bytes is the audit's to name; the follower that yielded the event compares the
+    # event at its place with what it yielded, and does not refuse its own argument as a caller's bad input.
+    path = tmp_path / "events.db"
+
+    async def main() -> None:
+        async with await AsyncEventStore.open(path) as store:
+            for generation in range(1, 4):
+                await store.append_unchecked("x", [ReclaimCompleted(generation=generation)])
+            conn = apsw.Connection(str(path))
+            try:
+                triggers = conn.execute("SELECT name, sql FROM sqlite_schema WHERE type = 'trigger' AND "
+                                        "tbl_name = 'events'").fetchall()
+                for name, _ in triggers:
+                    conn.execute(f"DROP TRIGGER {name}")
+                conn.execute("UPDATE events SET hash = ? WHERE seq = 3", (b"x" * 31,))
+                for _, sql in triggers:
+                    conn.execute(sql)
+            finally:
+                conn.close()
+            followed = store.follow(after=0, poll_interval=0.001)
+            seen = [(await anext(followed)).seq for _ in range(3)]
+            assert seen == [1, 2, 3]
+            with pytest.raises(TimeoutError):  # it polls on, past the edited hash, raising nothing
+                await asyncio.wait_for(anext(followed), 0.2)
+
+    asyncio.run(main())

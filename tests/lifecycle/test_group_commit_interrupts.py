@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -174,7 +175,14 @@ def restores_then_exits(signum: int, frame: FrameType | None) -> None:
     sys.exit(7)
 
 
-@pytest.mark.parametrize("handler", [exits, restores_then_exits])
+class Stopper:
+    """A handler object whose ``__call__`` is a static method (its frames are the function's)."""
+
+    __call__ = staticmethod(exits)
+
+
+@pytest.mark.parametrize("handler", [exits, restores_then_exits, functools.lru_cache(exits), Stopper()],
+                         ids=["function", "restores-then-exits", "lru-cached", "static-call"])
 def test_a_signal_handlers_exit_while_the_main_thread_writes_is_the_main_threads(tmp_path: Path,
                                                                                handler: Any) -> None:
     """A SIGTERM handler's sys.exit() lands in the main thread, in whichever work it runs: that is an interrupt of
