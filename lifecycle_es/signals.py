@@ -57,11 +57,15 @@ def handler_codes() -> set[CodeType]:
     codes = set()
     for number in _SIGNALS:
         try:
-            code = _code_of(signal.getsignal(number))
+            handler = signal.getsignal(number)
         except (OSError, ValueError):
             continue
+        try:
+            code = _code_of(handler)
+        except Exception:  # a handler object whose attributes raise: one whose frames cannot be told
+            code = OPAQUE
         if code is not None:
-            codes.add(code)
+            codes.add(code if isinstance(code, CodeType) else OPAQUE)
     return codes
 
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Literal
 import apsw
 
 from .backend import Row, Tail
-from .errors import StoreBehindSealError, StoreFencedError, StoreIOError
+from .errors import StoreBehindSealError, StoreError, StoreFencedError, StoreIOError
 from .sqlite_errors import SYNC_FAILURES, translation
 
 if TYPE_CHECKING:
@@ -195,6 +195,10 @@ class SqliteTransaction:
                 "fork made before the store was opened; reading it from here works")
         try:
             self.foreign = not self.conn.getautocommit()
+            if self.foreign:
+                # SQLite would refuse it too, but only after taking the write lock, which the open transaction
+                # (a caller's read) would then hold until it ends: every other writer busy meanwhile.
+                raise StoreError(f"{self.action}: cannot start a transaction within a transaction")
             self.conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
             raise translation(self.action, exc) from exc

@@ -363,22 +363,27 @@ def test_an_interrupt_just_after_begin_rolls_back_and_leaves_no_write_lock(tmp_p
         assert store.streams() == ["runner-a", "runner-b"]
 
 
+@pytest.mark.parametrize("stale", [False, True], ids=["read-current", "read-behind-another-write"])
 @pytest.mark.parametrize("via", ["commit", "transaction"])
-def test_a_write_refused_inside_a_callers_read_transaction_leaves_that_transaction_open(tmp_path: Path,
-                                                                                       via: str) -> None:
+def test_a_write_refused_inside_a_callers_read_transaction_leaves_that_transaction_open(tmp_path: Path, via: str,
+                                                                                       stale: bool) -> None:
     # A thread that holds store.lock and reads the backend in a read transaction of its own (as `lock` documents),
-    # then writes: BEGIN refuses to nest, and what is refused began nothing, so nothing of the caller's is rolled
-    # back: its reads go on seeing one state of the log, though another process has written since.
+    # then writes: the write is refused as nested, and what is refused began nothing and took no lock, so nothing
+    # of the caller's is rolled back (its reads go on seeing one state of the log, though another process may
+    # have written since) and every other connection can write while the caller's read goes on.
     path = str(tmp_path / "events.db")
     with EventStore.open(path, now=FakeClock(), busy_timeout_ms=500) as store:
         store.append_unchecked("runner-a", [RECLAIMED])
         with store.lock, store.backend.read_tx("reads") as conn:  # type: ignore[attr-defined]
             before = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-            with EventStore.open(path, now=FakeClock()) as other:
-                other.append_unchecked("runner-b", [RECLAIMED])
-            with pytest.raises(StoreError):
+            if stale:
+                with EventStore.open(path, now=FakeClock()) as other:
+                    other.append_unchecked("runner-b", [RECLAIMED])
+            with pytest.raises(StoreError, match="within a transaction"):
                 alone(store, via, "appends", appends)
             assert not conn.getautocommit()
             assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == before == 1
-        assert store.streams() == ["runner-a", "runner-b"]
+            with EventStore.open(path, now=FakeClock(), busy_timeout_ms=500) as other:
+                other.append_unchecked("runner-c", [RECLAIMED])
+        assert store.streams() == (["runner-a", "runner-b", "runner-c"] if stale else ["runner-a", "runner-c"])
         alone(store, via, "appends", appends)

@@ -210,6 +210,36 @@ def test_a_signal_handlers_exit_while_the_main_thread_writes_is_the_main_threads
         store.close()
 
 
+class DictBacked:
+    """A handler object whose attributes come from a dict: looking one up that is not there raises KeyError."""
+
+    def __init__(self) -> None:
+        self.d = {"code": 7}
+
+    def __getattr__(self, name: str) -> Any:
+        return self.d[name]
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        sys.exit(self.code)
+
+
+def test_a_handler_whose_attributes_raise_never_fails_a_batch_the_main_thread_writes(tmp_path: Path) -> None:
+    """The writer looks into the installed handlers as a batch begins; one it cannot look into is not a reason to
+    fail the batch: the main thread's command and the others commit."""
+    store = EventStore.open(tmp_path / "events.db", durability="normal")
+    previous = signal.signal(signal.SIGTERM, DictBacked())
+    try:
+        held = Held(store)
+        behind_the_main_thread(held, store, ("one", appending(store, "one")))
+        mine = store.commit("main", lambda tx: tx.append_unchecked("main", [EVENT]) and "main")
+        outcomes = held.release()
+        assert (mine, outcomes["one"], outcomes["two"]) == ("main", "one", "two")
+        assert set(store.streams()) == {"main", "one", "two"}
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        store.close()
+
+
 class Interrupted(BaseException):
     """The storm's Ctrl-C: raised only where it lands inside the group commit, in the main thread."""
 
