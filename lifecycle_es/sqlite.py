@@ -121,7 +121,7 @@ class SqliteBackend(ReadModelTables, CacheTables):
             raise StoreIOError(f"open {path!r}: {exc.strerror}") from exc
         self.identity = self.files.identity
         # A store file an ancestor process was writing when it forked this one: SQLite's copy of its lock here
-        # would make every write wait for ever (`forked.written_at_fork`).
+        # would make every write wait out the busy timeout and fail (`forked.written_at_fork`).
         self.written_by_parent = self.identity in forked.written_at_fork
 
     def _connect(self, path: str, vfs: str | None, read_only: bool) -> apsw.Connection:
