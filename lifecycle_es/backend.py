@@ -129,6 +129,12 @@ class Backend(Protocol):
         (StoreFencedError when it is gone)."""
         ...
 
+    def written_at_fork(self, busy: bool) -> tuple[int, int] | None:
+        """In a process just forked from this one: what of the storage the child cannot write because this
+        connection was writing it at the fork (`forked.written_at_fork`), or None; `busy` says whether the store
+        was beginning, holding or ending a write transaction then."""
+        ...
+
     def check_files(self) -> None:
         """StoreFencedError (naming what changed, saying what to do) when the storage this connection uses is
         no longer what is at the store's path: a file's store checks its files' identities and size before

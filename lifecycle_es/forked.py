@@ -61,9 +61,9 @@ def _in_child() -> None:
     global generation
     generation += 1
     for store in list(_OPEN):
-        try:  # a backend without the notion (a server's), or one fenced by an earlier fork, names none
-            written = getattr(store.backend, "written_at_fork", lambda busy: None)(store._write_busy)
-        except Exception:
+        try:
+            written = store.backend.written_at_fork(store._write_busy)
+        except Exception:  # a store fenced by an earlier fork, whose backend raises its fence
             written = None
         if written is not None:
             written_at_fork.add(written)

@@ -106,6 +106,11 @@ class PostgresBackend(ServerReadModelTables, ServerCacheTables):
                                    "id): restore it from a good copy, or open the store where it now is")
         return (int(row[0]), int.from_bytes(bytes(row[1])[:8], "big"))
 
+    def written_at_fork(self, busy: bool) -> tuple[int, int] | None:
+        """None: a server's locks belong to its sessions, not to the client's process, so a child forked while
+        this one wrote can write through a connection of its own."""
+        return None
+
     def file_identity(self) -> tuple[int, int]:
         """The cluster's system identifier and the store's id, read now (one round trip).
 
